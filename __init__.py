@@ -1,0 +1,11 @@
+"""Speculative AR: speculative decoding for autoregressive image models in ComfyUI.
+
+ComfyUI imports this folder (under whatever name it was cloned as) and reads
+``NODE_CLASS_MAPPINGS``.  Installed with pip it is the package ``spec_ar``.
+Importing it loads no torch and no model code; the nodes import the engine when
+they run.
+"""
+from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+
+__version__ = "0.1.0"
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -1,0 +1,1 @@
+"""VQ decoders: each turns image-token codes into images."""

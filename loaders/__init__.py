@@ -1,0 +1,1 @@
+"""Model families: each turns a checkpoint into a ``sampling.ImageAdapter``."""

@@ -1,0 +1,152 @@
+"""Acceptance rules: when a draft token stands, and what to sample when it does not.
+
+Notation: ``p`` is the target's final sampling distribution at a draft's position
+(computed from the tokens before it), ``q`` the distribution the draft ``x`` was
+sampled from (SJD/GSD's convention; LANTERN and VVS swap the letters).
+
+Each rule gives, for every draft of a window at once,
+
+* ``accept_prob(p, q, x)``: the probability ``min(1, ratio)`` of keeping ``x``;
+* ``residual(p, q, x)``: the unnormalised distribution to resample from at the
+  first rejection.
+
+The engine draws the coins and the samples, so rules consume no randomness and
+two rules that agree give the same tokens for the same seed.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .neighbours import TokenGeometry
+from .processing import KEEP_NON_NEGATIVE
+
+
+class DraftDistributions:
+    """Read access to the ``q`` rows of a window's drafts, which live in the
+    engine's per-sample ring of distributions (no ``[B, L, V]`` copy is made)."""
+
+    def __init__(self, ring: torch.Tensor, slots: torch.Tensor, batch_idx: torch.Tensor | None = None):
+        self.ring, self.slots = ring, slots  # [B, R, V], [B, N]
+        self.batch = torch.arange(ring.shape[0], device=ring.device).unsqueeze(1) if batch_idx is None else batch_idx
+
+    def at(self, ids: torch.Tensor) -> torch.Tensor:
+        """``q`` of each draft row at ``ids`` (``[B, N]`` or ``[B, N, M]``)."""
+        if ids.dim() == 2:
+            return self.ring[self.batch, self.slots, ids]
+        return self.ring[self.batch.unsqueeze(2), self.slots.unsqueeze(2), ids]
+
+
+def _gather(p: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return p.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+class ExactAcceptance:
+    """Speculative sampling (Leviathan et al.; SJD eq. 1-2): accept with
+    ``min(1, p(x) / q(x))``, else resample from ``norm(max(0, p - q))``.  The
+    output follows ``p`` exactly whatever ``q`` is."""
+
+    name = "exact"
+
+    def accept_prob(self, p, q: DraftDistributions, x):
+        return (_gather(p, x) / q.at(x)).clamp_(max=1.0)
+
+    def residual(self, p, q, x):
+        return (p - q).clamp_(min=0.0)
+
+
+class GroupedAcceptance(ExactAcceptance):
+    """GSD (So et al., ICCV 2025, Alg. 3): accept ``x`` with
+    ``min(1, sum_C p / sum_C q)`` where the cluster ``C`` is the ``G`` tokens
+    around ``x``'s rank in ``p`` — ``(G - 1) // 2`` ranked just above, ``G // 2``
+    just below, ``x`` itself — less members with ``|p(c) - p(x)| > delta`` and,
+    when ``d`` is set, members whose squared L2 distance to ``x`` exceeds ``d``.
+    ``x`` is kept as drafted; rejection resamples as SJD.  ``G = 1`` is SJD.
+
+    Where this differs from the authors' code: their slice
+    ``[rank - G//2, rank + G//2)`` holds ``G`` ranks for even ``G`` but none for
+    ``G = 1``; the window here always holds ``x`` and is clipped at the ends of
+    the ranking.  The ranks come from two small ``topk`` calls (the tokens just
+    above and just below ``p(x)``) instead of a full-vocabulary sort per draft,
+    and distances are computed exactly from the codebook vectors instead of a
+    dense precomputed matrix (theirs: input-embedding rows of the first 10000
+    ids only).  Tokens whose probability equals ``p(x)`` exactly (in practice
+    the zeros left by top-k) rank below ``x``; the reference's unstable sort
+    orders such ties arbitrarily.
+    """
+
+    name = "grouped"
+
+    def __init__(self, group_size: int, delta: float, distance: float | None = None,
+                 geometry: TokenGeometry | None = None):
+        self.up, self.down = (group_size - 1) // 2, group_size // 2
+        self.delta, self.distance, self.geometry = delta, distance, geometry
+
+    def accept_prob(self, p, q, x):
+        if self.up + self.down == 0:
+            return super().accept_prob(p, q, x)
+        px = _gather(p, x).unsqueeze(-1)
+        diff = p - px
+        members, keys = [], []
+        inf = float("inf")
+        if self.up:  # smallest positive differences: ranked just above x
+            k, i = torch.topk(F.threshold(diff, 0.0, inf), self.up, dim=-1, largest=False)
+            members.append(i)
+            keys.append(k.isfinite())
+        if self.down:  # smallest non-negative p(x) - p(c), x excluded: just below
+            below = F.threshold(diff.neg_(), KEEP_NON_NEGATIVE, inf).scatter_(-1, x.unsqueeze(-1), inf)
+            k, i = torch.topk(below, self.down, dim=-1, largest=False)
+            members.append(i)
+            keys.append(k.isfinite())
+        c = torch.cat(members, -1)
+        keep = torch.cat(keys, -1)
+        pc = p.gather(-1, c)
+        keep &= (pc - px).abs_() <= self.delta
+        if self.distance is not None:
+            g = self.geometry
+            keep &= (g.vec(c) - g.vec(x).unsqueeze(-2)).square_().sum(-1) <= self.distance
+        p_group = px.squeeze(-1) + (pc * keep).sum(-1)
+        q_group = q.at(x) + (q.at(c) * keep).sum(-1)
+        return (p_group / q_group).clamp_(max=1.0)
+
+
+class LatentRelaxedAcceptance(ExactAcceptance):
+    """LANTERN (Jang et al., ICLR 2025, sec. 4.3): ``A_{k,delta}(x)`` is the longest
+    nearest-first prefix of ``x``'s ``k`` codebook neighbours whose target mass
+    stays within ``delta`` (moving that mass onto ``x`` changes ``p`` by exactly
+    that much in total variation).  Accept with ``min(1, (p(x) + mass_A) / q(x))``;
+    on rejection resample from ``norm(max(0, p_A - q))`` where ``p_A`` is ``p``
+    with ``A``'s mass moved onto ``x`` — the paper's residual (the authors' two
+    code paths instead zero the target at ``x`` and its neighbours, or the draft
+    at the neighbours).  ``delta = 0`` is SJD exactly.  The table holds ``k``
+    neighbours per code (the authors slice a full ``N x N`` order)."""
+
+    name = "latent"
+
+    def __init__(self, k: int, delta: float, geometry: TokenGeometry):
+        self.k, self.delta, self.geometry = k, delta, geometry
+        geometry.neighbours(k)  # build the table before decoding starts
+
+    def _neighbourhood(self, p, x):
+        nb = self.geometry.neighbour_ids(x, self.k)
+        pn = p.gather(-1, nb)
+        in_a = pn.cumsum(-1) <= self.delta
+        return nb, pn, in_a, (pn * in_a).sum(-1)
+
+    def accept_prob(self, p, q, x):
+        _, _, _, mass = self._neighbourhood(p, x)
+        return ((_gather(p, x) + mass) / q.at(x)).clamp_(max=1.0)
+
+    def residual(self, p, q, x):
+        nb, pn, in_a, mass = self._neighbourhood(p, x)
+        p_a = p.scatter(-1, nb, pn * ~in_a)
+        p_a.scatter_add_(-1, x.unsqueeze(-1), mass.unsqueeze(-1))
+        return (p_a - q).clamp_(min=0.0)
+
+
+def make_rule(name: str, config, geometry: TokenGeometry | None):
+    if name == "exact":
+        return ExactAcceptance()
+    if name == "grouped":
+        return GroupedAcceptance(config.group_size, config.gsd_delta, config.gsd_distance, geometry)
+    return LatentRelaxedAcceptance(config.lantern_k, config.lantern_delta, geometry)

@@ -1,0 +1,121 @@
+"""The contract between a model family and the engine.
+
+A family (``loaders/``) turns a checkpoint into an :class:`ImageAdapter`.  The
+engine drives it through four calls and never learns what the model is:
+
+* :meth:`ImageAdapter.prefill` runs the condition for every guidance branch and
+  returns the logits of the first image position;
+* :meth:`ImageAdapter.forward` scores a window of new tokens on top of the KV
+  cache (the same tokens go to every branch) and returns one row of logits per
+  window token, each predicting the *next* position;
+* :meth:`ImageAdapter.rollback` drops the last ``n[b]`` cached positions of
+  sample ``b`` (the rejected part of a window);
+* :attr:`ImageAdapter.layout` says which token ids are image tokens, which
+  positions hold forced structural tokens (end-of-line, end-of-image, size
+  tokens) and how the raster is laid out; :meth:`ImageAdapter.token_vectors`
+  gives the codebook vectors used for neighbourhoods and path similarities.
+
+Cache convention: after ``prefill`` the cache holds the condition only.  Every
+``forward`` appends ``L`` positions per sample; each sample may sit at its own
+length (samples advance by different amounts), so adapters keep per-sample
+lengths and attention masks.  Windows can run past the end of the image by up to
+``window + 1`` positions; the engine rolls those back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Where image tokens go in the generated stream.
+
+    ``length``: tokens in the stream, structural ones included.
+    ``row_stride``: stream positions per raster row (image columns plus any
+    end-of-line token); position ``t - row_stride`` is the token above ``t``.
+    ``image_tokens``: bool ``[vocab]``, the ids allowed at free positions.
+    ``forced``: int64 ``[length]``, the token id forced at each position or -1.
+    ``grid``: ``(rows, cols)`` of image tokens, for decoders and accept maps.
+    """
+
+    length: int
+    row_stride: int
+    image_tokens: torch.Tensor
+    forced: torch.Tensor
+    grid: tuple[int, int]
+
+    @classmethod
+    def raster(
+        cls,
+        rows: int,
+        cols: int,
+        vocab_size: int,
+        image_ids: torch.Tensor | None = None,
+        forced: dict[int, int] | None = None,
+        row_stride: int | None = None,
+        length: int | None = None,
+    ) -> "TokenLayout":
+        """A raster layout; ``image_ids=None`` means every id is an image token."""
+        mask = torch.ones(vocab_size, dtype=torch.bool)
+        if image_ids is not None:
+            mask = torch.zeros(vocab_size, dtype=torch.bool)
+            mask[image_ids] = True
+        stride = row_stride or cols
+        n = length or rows * stride
+        f = torch.full((n,), -1, dtype=torch.long)
+        for pos, tok in (forced or {}).items():
+            f[pos] = tok
+        return cls(length=n, row_stride=stride, image_tokens=mask, forced=f, grid=(rows, cols))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.image_tokens.numel()
+
+    def image_positions(self) -> torch.Tensor:
+        """Stream positions of the ``rows * cols`` image tokens, in raster order."""
+        return torch.nonzero(self.forced < 0).flatten()
+
+
+class ImageAdapter:
+    """Base class of every family adapter (see the module docstring)."""
+
+    layout: TokenLayout
+    vocab_size: int
+    device: torch.device = torch.device("cpu")
+    #: how guidance branches combine (``sampling.processing.GUIDANCE``)
+    guidance: str = "linear"
+    #: the family's reference sampling settings (cfg_scale, top_k, top_p, temperature)
+    sampling_defaults: dict = {}
+
+    def check_conditions(self, conditions: Sequence, negatives: Sequence | None) -> None:
+        """Raise ``ValueError`` naming the bad prompt before any model work."""
+
+    def branches(self, guided: bool) -> int:
+        """Number of guidance branches ``K`` that ``prefill``/``forward`` return."""
+        return 2 if guided else 1
+
+    def prefill(self, conditions: Sequence, negatives: Sequence | None, guided: bool) -> torch.Tensor:
+        """Logits ``[K, B, vocab]`` of the first image position."""
+        raise NotImplementedError
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits ``[K, B, L, vocab]`` for a window ``tokens`` of shape ``[B, L]``."""
+        raise NotImplementedError
+
+    def rollback(self, n: torch.Tensor) -> None:
+        """Drop the last ``n[b]`` cached positions of each sample (``n >= 0``)."""
+        raise NotImplementedError
+
+    def token_vectors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(ids [N], vectors [N, D])``: codebook vectors of the image tokens."""
+        return None
+
+    def cache_lengths(self) -> torch.Tensor | None:
+        """Image positions currently cached per sample (for invariant checks)."""
+        return None
+
+    def release(self) -> None:
+        """Free per-generation state (KV caches)."""

@@ -1,0 +1,80 @@
+"""What happened while an image was decoded: the figures nodes and benchmarks read."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# How each token of the stream was obtained (the accept map).
+PENDING, SAMPLED, ACCEPTED, RESAMPLED, COMMITTED, FORCED = range(6)
+ORIGINS = {
+    SAMPLED: "sampled from the target (AR step, first token or bonus)",
+    ACCEPTED: "accepted draft",
+    RESAMPLED: "resampled after a rejection",
+    COMMITTED: "committed without verification (VVS skip)",
+    FORCED: "forced structural token",
+}
+
+
+@dataclass
+class DecodeReport:
+    """Per image.  ``nfe`` counts target forward passes, the prefill included, so
+    plain AR has ``nfe == tokens``.  ``mean_accepted_length`` is tokens per
+    *verified* forward (LANTERN's MAL); ``tokens_per_forward`` also counts tokens
+    committed by skipped verifications (VVS's TPF).  Timings are for the whole
+    batch, measured with device synchronisation."""
+
+    mode: str
+    seed: int
+    tokens: int
+    nfe: int
+    tokens_per_forward: float
+    mean_accepted_length: float
+    accepted_length_histogram: list[int]  # index n: verified steps that produced n tokens
+    skipped_verifications: int
+    unverified_tokens: int  # committed by skipped verifications (structural ones included)
+    origins: list[int]  # one ORIGINS code per stream position
+    steps: str  # "P" prefill, "V" verified forward, "S" skipped verification
+    latency_s: float
+    model_time_s: float
+    engine_time_s: float
+    batch_size: int
+    device: str
+    settings: dict = field(default_factory=dict)
+
+    def origin_counts(self) -> dict[str, int]:
+        return {name: self.origins.count(code) for code, name in ORIGINS.items()}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (
+            f"{self.mode}: {self.tokens} tokens in {self.nfe} forwards "
+            f"({self.tokens_per_forward:.2f} tokens/forward, MAL {self.mean_accepted_length:.2f}, "
+            f"{self.skipped_verifications} skipped), {self.latency_s * 1000:.0f} ms for a batch of "
+            f"{self.batch_size} ({self.engine_time_s / max(self.latency_s, 1e-9):.0%} outside model forwards)"
+        )
+
+
+#: accept-map colours (RGB) per origin code
+COLOURS = {
+    PENDING: (0, 0, 0),
+    SAMPLED: (66, 133, 244),  # blue
+    ACCEPTED: (52, 168, 83),  # green
+    RESAMPLED: (234, 67, 53),  # red
+    COMMITTED: (251, 188, 5),  # amber
+    FORCED: (160, 160, 160),  # grey
+}
+
+
+def accept_map(origins: list[int], row_stride: int, scale: int = 8):
+    """How each token was obtained, as an RGB uint8 array laid out in raster rows
+    (structural columns included), each token a ``scale``-pixel square."""
+    import numpy as np
+
+    codes = np.asarray(origins, dtype=np.int64)
+    rows = -(-codes.size // row_stride)
+    grid = np.zeros(rows * row_stride, dtype=np.int64)
+    grid[: codes.size] = codes
+    palette = np.array([COLOURS[c] for c in sorted(COLOURS)], dtype=np.uint8)
+    img = palette[grid.reshape(rows, row_stride)]
+    return img.repeat(scale, 0).repeat(scale, 1)

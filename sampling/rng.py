@@ -1,0 +1,78 @@
+"""Counter-based random numbers: one uniform per (seed, step, stream, position).
+
+Every random draw of the engine is a pure function of the sample's own seed, the
+decoding step, what the number is for (the stream) and the token position.  Two
+consequences users can rely on:
+
+* image ``b`` of a batch is the image a batch of one gives with seed ``seeds[b]``
+  (no shared generator couples the samples; the one exception is VVS skipping,
+  where a batch skips its verifications together), and
+* two modes that make the same decisions draw the same numbers, so ``gsd`` with
+  ``G = 1`` and ``lantern`` with ``delta = 0`` reproduce ``sjd`` token for token.
+
+The hash is SplitMix64's finaliser evaluated with int64 tensor arithmetic (which
+wraps on overflow on CPU and CUDA alike); logical shifts are emulated with masks.
+"""
+from __future__ import annotations
+
+import torch
+
+# SplitMix64 constants as signed int64 values.
+_GAMMA = -7046029254386353131  # 0x9E3779B97F4A7C15
+_MUL1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MUL2 = -7723592293110705685  # 0x94D049BB133111EB
+
+# What a number is used for; distinct streams never share a draw.
+VERIFY = 1  # per window row: lane 0 the acceptance coin, lane 1 the row's sample
+INIT = 2  # draft initialisation
+PATHS = 3  # VVS candidate paths: stream PATHS + path index
+
+
+def _wrap(v: int) -> int:
+    """A Python int as the signed 64-bit word it wraps to."""
+    return (v + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser (a bijection of 64-bit words)."""
+    x = (x ^ _shr(x, 30)) * _MUL1
+    x = (x ^ _shr(x, 27)) * _MUL2
+    return x ^ _shr(x, 31)
+
+
+def seed_keys(seeds: torch.Tensor) -> torch.Tensor:
+    """Per-sample keys, computed once per batch."""
+    return _mix(seeds * _GAMMA + _GAMMA)
+
+
+def uniform(keys: torch.Tensor, step: int, stream: int, positions: torch.Tensor, lanes: int = 1) -> torch.Tensor:
+    """Uniform float32 numbers in ``[0, 1)`` shaped ``positions.shape + (lanes,)``
+    (the trailing dimension dropped when ``lanes == 1``).
+
+    ``keys`` ``[B]`` come from :func:`seed_keys`; ``positions`` is ``[B, ...]``.
+    Each lane takes 24 bits of one 64-bit hash, so values are exact in float32
+    and strictly below 1; two lanes cost one hash.
+    """
+    key = keys + _wrap((step * 4096 + stream) * _GAMMA)
+    h = _mix(key.view((-1,) + (1,) * (positions.dim() - 1)) ^ (positions * _GAMMA))
+    if lanes == 1:
+        return _shr(h, 40).to(torch.float32) * (1.0 / (1 << 24))
+    return torch.stack([_shr(h, 40), _shr(h, 16) & 0xFFFFFF], -1).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse-CDF draws from the rows of ``probs`` (``[..., V]``, any scale), one per
+    uniform in ``u`` (``[..., n]``): returns ``[..., n]`` token ids.
+
+    Never returns a zero-probability token: the target stays strictly below the
+    row total, so the first cumulative sum above it ends on a token with mass.
+    ``workspace`` (shaped like ``probs``) saves an allocation.
+    """
+    c = probs.cumsum(-1) if workspace is None else torch.cumsum(probs, -1, out=workspace)
+    total = c[..., -1:]
+    v = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(c, v, right=True).clamp_(max=probs.shape[-1] - 1)

@@ -1,0 +1,81 @@
+"""Verification schedules: when a step may commit drafts without a target forward.
+
+After every verified step the engine asks the schedule for ``plan(state)``: a
+per-sample number of draft tokens to commit unverified at the next step, or
+``None`` to verify.  Rules shared by every skipping schedule (VVS, Dong et al.
+2025, sec. 4.1-4.4):
+
+* never two skips in a row (the engine only asks after a verified step);
+* the committed path is truncated to ``min(path length, floor(mean accepted
+  length))`` — with Jacobi drafts the path is the informed tail, the drafts the
+  last pass sampled from its own distributions;
+* the next forward prepends the committed tokens ("post-verification"): they
+  refill the KV cache and are never rejected.
+
+VVS chooses one of the drafter's candidate paths uniformly at random.  Jacobi
+candidates are independent draws from the same per-position distributions, so
+the tail already in the window *is* such a uniform choice; extra paths are drawn
+only to measure similarity.  A batch skips together (one forward serves all);
+with the similarity schedule it skips only when no sample that could commit
+tokens finds its paths too dissimilar.  The released VVS code truncates to ``mean - 1``; this follows the paper.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import rng
+
+
+class VerifyEveryStep:
+    def plan(self, st):
+        return None
+
+
+class UniformSkip:
+    """After ``interval - 1`` verified steps, the next step skips verification."""
+
+    def __init__(self, interval: int):
+        self.interval = interval
+
+    def plan(self, st):
+        if st.verified_since_skip < self.interval - 1:
+            return None
+        return st.commit_lengths()
+
+
+class SimilaritySkip:
+    """Skip when the candidate paths agree: the depth-weighted mean cosine
+    similarity of their codebook vectors, ``sum_l w_l S_l`` with
+    ``w_l ∝ alpha^l`` (VVS eq. 2, Alg. 1), reaches ``threshold``."""
+
+    def __init__(self, threshold: float, alpha: float, paths: int, geometry):
+        self.threshold, self.alpha, self.paths, self.geometry = threshold, alpha, paths, geometry
+
+    def plan(self, st):
+        m = st.commit_lengths()
+        score = self.similarity(st, st.max_commit, m)  # fixed depth: no host sync
+        # samples with nothing to commit abstain; any dissent makes the batch verify
+        against = (m > 0) & (score < self.threshold)
+        return torch.where(against, -1, m)
+
+    def similarity(self, st, depth: int, m: torch.Tensor) -> torch.Tensor:
+        pos = st.n_committed.unsqueeze(1) + torch.arange(depth, device=m.device)  # [B, D]
+        rows = st.ring[st.batch_idx, pos % st.ring_size]  # [B, D, V] draft distributions
+        u = torch.stack([rng.uniform(st.keys, st.step, rng.PATHS + i, pos) for i in range(self.paths - 1)], -1)
+        paths = torch.cat([st.seq.gather(1, pos).unsqueeze(-1), rng.categorical(rows, u)], -1)  # [B, D, P]
+        vec = torch.nn.functional.normalize(self.geometry.vec(paths), dim=-1)  # [B, D, P, E]
+        gram = vec @ vec.transpose(-1, -2)  # [B, D, P, P]
+        n = self.paths
+        pair_mean = (gram.sum((-1, -2)) - n) / (n * (n - 1))  # mean over distinct pairs
+        depth_idx = torch.arange(depth, device=m.device)
+        free = st.forced_at[pos] < 0
+        w = (self.alpha ** depth_idx.float()) * ((depth_idx.unsqueeze(0) < m.unsqueeze(1)) & free)
+        return (w * pair_mean).sum(1) / w.sum(1).clamp(min=1e-12)
+
+
+def make_schedule(name: str, config, geometry):
+    if name == "every":
+        return VerifyEveryStep()
+    if name == "uniform":
+        return UniformSkip(config.skip_interval)
+    return SimilaritySkip(config.skip_threshold, config.skip_alpha, config.skip_paths, geometry)

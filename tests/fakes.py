@@ -1,0 +1,104 @@
+"""Test doubles of model adapters."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from spec_ar.sampling import ImageAdapter, TokenLayout
+
+
+class TabularAdapter(ImageAdapter):
+    """A model whose every conditional is a row of a table, indexed by the whole
+    prefix: small enough to enumerate the exact joint distribution.
+
+    ``image`` image tokens (ids ``0..image-1``) plus one structural token (id
+    ``image``) forced at the positions in ``forced``.  Branch 0 is the class
+    condition, branch 1 the unconditional table.
+    """
+
+    def __init__(self, image: int = 4, length: int = 5, forced=(2,), classes: int = 2, spread: float = 1.5,
+                 seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.vocab_size = image + 1
+        self.eol = image
+        self.layout = TokenLayout.raster(1, length - len(forced), self.vocab_size, torch.arange(image),
+                                         {p: image for p in forced}, row_stride=length, length=length)
+        self.length = length
+        prefixes = sum(self.vocab_size ** t for t in range(length + 1))
+        self.cond_table = torch.randn(classes, prefixes, self.vocab_size, generator=g) * spread
+        self.uncond_table = torch.randn(prefixes, self.vocab_size, generator=g) * spread
+        self.offsets = torch.tensor([sum(self.vocab_size ** s for s in range(t)) for t in range(length + 1)])
+        self.powers = self.vocab_size ** torch.arange(length + 64)
+        self.vectors = torch.randn(image, 3, generator=g)
+        self.calls = []
+
+    # -- adapter ------------------------------------------------------------
+    def prefill(self, conditions, negatives, guided):
+        self.calls.append("prefill")
+        B = len(conditions)
+        self.cls = torch.tensor(conditions)
+        self.guided = guided
+        self.hist = torch.zeros(B, self.length + 64, dtype=torch.long)
+        self.lengths = torch.zeros(B, dtype=torch.long)
+        return self._logits(torch.zeros(B, 1, dtype=torch.long))[:, :, 0]
+
+    def forward(self, tokens):
+        self.calls.append(tuple(tokens.shape))
+        B, L = tokens.shape
+        pos = self.lengths.unsqueeze(1) + torch.arange(L)
+        self.hist.scatter_(1, pos, tokens)
+        self.lengths += L
+        return self._logits(pos + 1)
+
+    def rollback(self, n):
+        assert (n >= 0).all()
+        self.lengths -= n
+
+    def cache_lengths(self):
+        return self.lengths.clone()
+
+    def token_vectors(self):
+        return torch.arange(self.vectors.shape[0]), self.vectors
+
+    def _logits(self, target):
+        t = target.clamp(max=self.length)
+        # prefix code of the tokens before each target position
+        digits = self.hist[:, : self.length] * self.powers[: self.length]
+        code = torch.cat([torch.zeros(digits.shape[0], 1, dtype=torch.long), digits.cumsum(1)], 1)
+        idx = self.offsets[t] + code.gather(1, t)
+        cond = self.cond_table[self.cls.unsqueeze(1), idx]
+        if not self.guided:
+            return cond.unsqueeze(0)
+        return torch.stack([cond, self.uncond_table[idx]])
+
+    # -- the exact answer ---------------------------------------------------
+    def conditional(self, prefix: list[int], cls: int, cfg: float, top_k: int | None) -> torch.Tensor:
+        """Reference processing, written independently of the engine's."""
+        t = len(prefix)
+        if self.layout.forced[t] >= 0:
+            out = torch.zeros(self.vocab_size)
+            out[self.layout.forced[t]] = 1.0
+            return out
+        code = sum(v * self.vocab_size ** i for i, v in enumerate(prefix))
+        idx = int(self.offsets[t]) + code
+        c, u = self.cond_table[cls, idx].double(), self.uncond_table[idx].double()
+        z = u + cfg * (c - u) if cfg != 1.0 else c
+        z[self.eol] = float("-inf")
+        if top_k is not None:
+            kth = torch.sort(z, descending=True).values[top_k - 1]
+            z[z < kth] = float("-inf")
+        return torch.softmax(z, 0)
+
+    def joint(self, cls: int, cfg: float, top_k: int | None) -> dict[tuple, float]:
+        """Probability of every complete stream."""
+        out = {}
+        for seq in itertools.product(range(self.vocab_size), repeat=self.length):
+            prob = 1.0
+            for t in range(self.length):
+                prob *= float(self.conditional(list(seq[:t]), cls, cfg, top_k)[seq[t]])
+                if prob == 0.0:
+                    break
+            if prob > 0:
+                out[seq] = prob
+        return out

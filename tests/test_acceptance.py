@@ -1,0 +1,108 @@
+"""Each acceptance rule equals its paper's definition, written as a plain loop."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spec_ar.sampling.acceptance import (DraftDistributions, ExactAcceptance, GroupedAcceptance,
+                                         LatentRelaxedAcceptance)
+from spec_ar.sampling.neighbours import TokenGeometry
+
+
+def rows(B=3, N=4, V=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(B, N, V, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(B, N, V, generator=g) * 2, -1)
+    x = torch.multinomial(q.view(-1, V), 1, generator=g).view(B, N)
+    ring = q.clone()  # slots 0..N-1 hold each row's q
+    return p, q, x, DraftDistributions(ring, torch.arange(N).repeat(B, 1))
+
+
+def test_exact_rule():
+    p, q, x, qd = rows()
+    got = ExactAcceptance().accept_prob(p, qd, x)
+    want = (p.gather(-1, x[..., None]) / q.gather(-1, x[..., None])).squeeze(-1).clamp(max=1)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(ExactAcceptance().residual(p[:, 0], q[:, 0], x[:, 0]), (p[:, 0] - q[:, 0]).clamp(min=0))
+
+
+def gsd_reference(p, q, x, G, delta, d=None, vectors=None):
+    """Alg. 3 with a stable sort: ties with p(x) rank below x."""
+    V = p.numel()
+    key = [(-float(p[c]), 0 if c == x else 1, c) for c in range(V)]
+    order = [c for _, _, c in sorted(key)]
+    r = order.index(x)
+    window = order[max(0, r - (G - 1) // 2): r + G // 2 + 1]
+    members = [c for c in window if abs(float(p[c] - p[x])) <= delta]
+    if d is not None:
+        members = [c for c in members if float(((vectors[c] - vectors[x]) ** 2).sum()) <= d]
+    return min(1.0, sum(float(p[c]) for c in members) / sum(float(q[c]) for c in members))
+
+
+@pytest.mark.parametrize("G,delta,d", [(1, 0.15, None), (2, 1.0, None), (5, 0.02, None), (10, 0.05, None),
+                                       (25, 1.0, None), (40, 1.0, None), (9, 1.0, 2.0)])
+def test_grouped_rule_matches_a_sorted_reference(G, delta, d):
+    p, q, x, qd = rows(seed=G)
+    vectors = torch.randn(40, 3, generator=torch.Generator().manual_seed(1))
+    geo = TokenGeometry(torch.arange(40), vectors, 40, torch.device("cpu"))
+    got = GroupedAcceptance(G, delta, d, geo).accept_prob(p, qd, x)
+    for b in range(p.shape[0]):
+        for n in range(p.shape[1]):
+            want = gsd_reference(p[b, n], q[b, n], int(x[b, n]), G, delta, d, vectors)
+            assert got[b, n].item() == pytest.approx(want, rel=1e-5)
+
+
+def test_grouped_rule_never_accepts_less_than_sjd_in_expectation():
+    # Theorem 1: E_q[min(1, p'/q')] >= E_q[min(1, p/q)] for any clustering
+    p, q, _, _ = rows(B=1, N=1, V=50, seed=9)
+    xs = torch.arange(50).view(1, 50)
+    qd = DraftDistributions(q.expand(1, 50, 50).contiguous(), torch.arange(50).view(1, 50))
+    pe = p.expand(1, 50, 50)
+    sjd = (ExactAcceptance().accept_prob(pe, qd, xs) * q[0, 0]).sum()
+    gsd = (GroupedAcceptance(7, 1.0).accept_prob(pe, qd, xs) * q[0, 0]).sum()
+    assert gsd >= sjd
+
+
+def lantern_reference(p, q, x, neighbours, delta):
+    mass, members = 0.0, []
+    for c in neighbours:
+        if mass + float(p[c]) > delta:
+            break
+        mass += float(p[c])
+        members.append(c)
+    accept = min(1.0, (float(p[x]) + mass) / float(q[x]))
+    p_a = p.clone().double()
+    p_a[members] = 0
+    p_a[x] += mass
+    return accept, (p_a - q.double()).clamp(min=0)
+
+
+@pytest.mark.parametrize("k,delta", [(5, 0.0), (5, 0.05), (12, 0.2), (39, 1.0)])
+def test_latent_rule_matches_the_paper(k, delta):
+    p, q, x, qd = rows(seed=k)
+    vectors = torch.randn(40, 4, generator=torch.Generator().manual_seed(2))
+    geo = TokenGeometry(torch.arange(40), vectors, 40, torch.device("cpu"))
+    rule = LatentRelaxedAcceptance(k, delta, geo)
+    got = rule.accept_prob(p, qd, x)
+    res = rule.residual(p[:, 1], q[:, 1], x[:, 1])
+    for b in range(p.shape[0]):
+        dist = ((vectors - vectors[x[b, 1]]) ** 2).sum(1)
+        dist[x[b, 1]] = float("inf")
+        nb = torch.argsort(dist)[:k].tolist()
+        acc, want_res = lantern_reference(p[b, 1], q[b, 1], int(x[b, 1]), nb, delta)
+        assert got[b, 1].item() == pytest.approx(acc, rel=1e-5)
+        torch.testing.assert_close(res[b].double(), want_res, atol=1e-7, rtol=1e-5)
+
+
+def test_neighbour_table_is_nearest_first_without_self():
+    g = torch.Generator().manual_seed(3)
+    vectors = torch.randn(300, 8, generator=g)
+    ids = torch.arange(100, 400)  # image tokens sit after 100 other ids
+    geo = TokenGeometry(ids, vectors, 512, torch.device("cpu"))
+    table = geo.neighbour_ids(ids, 17)
+    d = torch.cdist(vectors, vectors)
+    d.fill_diagonal_(float("inf"))
+    want = ids[torch.argsort(d, 1)[:, :17]]
+    assert torch.equal(table, want)
+    assert geo.neighbours(17).dtype == torch.int16
+    assert geo.nbytes() == 300 * 17 * 2

@@ -1,0 +1,105 @@
+"""Bookkeeping every mode must keep, checked after every step."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spec_ar.loaders.synthetic import SyntheticAdapter
+from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
+from spec_ar.sampling.report import COMMITTED, FORCED, PENDING
+
+CONFIGS = {
+    "ar": dict(mode="ar"),
+    "sjd": dict(mode="sjd"),
+    "sjd-sample-above": dict(mode="sjd", init="sample-above"),
+    "gsd": dict(mode="gsd", group_size=10, gsd_distance=8.0),
+    "lantern": dict(mode="lantern", lantern_k=20, lantern_delta=0.3),
+    "vvs": dict(mode="vvs", lantern_k=20),
+    "vvs-similarity": dict(mode="vvs", schedule="similarity", skip_threshold=0.0, lantern_k=20),
+    "gsd+vvs": dict(mode="gsd", schedule="uniform", skip_interval=3),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return SyntheticAdapter(codebook=128, rows=7, cols=9, end_of_line=True, sharpness=2.0, seed=4)
+
+
+def run(model, config, prompts=(0, 1, 2), seed=0, window=5):
+    events = []
+
+    def check(ev):
+        # the adapter's cache holds exactly the committed prefix, minus the
+        # committed tokens the next forward will feed
+        cached = model.cache_lengths().tolist()
+        assert cached == ev.cached
+        for b in range(len(prompts)):
+            assert ev.cached[b] <= ev.committed[b] <= ev.length
+            assert torch.equal(model.hist[b, : cached[b]], ev.tokens[b, : cached[b]])
+            if ev.kind != "S" and ev.committed[b] < ev.length:
+                assert ev.committed[b] - ev.cached[b] == 1, "one pending token after a verified step"
+        events.append(ev)
+
+    cfg = DecodeConfig(window=window, top_k=50, **config)
+    return SpeculativeDecoder(model, cfg).generate(list(prompts), seeds=seed, callback=check), events
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_bookkeeping(model, name):
+    result, events = run(model, CONFIGS[name])
+    lay = model.layout
+    forced = lay.forced >= 0
+    for b, rep in enumerate(result.reports):
+        origins = torch.tensor(rep.origins)
+        assert (origins != PENDING).all()
+        assert torch.equal(result.tokens[b][forced], lay.forced[forced]), "forced tokens in place"
+        assert (origins[forced] == FORCED).all() and not (origins[~forced] == FORCED).any()
+        assert bool(lay.image_tokens[result.tokens[b][~forced]].all()), "only image tokens at free positions"
+        # every token is accounted for: by verified forwards or by skipped verifications
+        produced = sum(n * c for n, c in enumerate(rep.accepted_length_histogram))
+        assert produced + rep.unverified_tokens == rep.tokens == lay.length
+        assert int((origins == COMMITTED).sum()) <= rep.unverified_tokens
+        assert rep.tokens_per_forward == pytest.approx(rep.tokens / rep.nfe)
+        assert rep.nfe <= lay.length
+        assert "SS" not in rep.steps, "never two skips in a row"
+        assert rep.steps.count("V") + 1 >= rep.nfe
+    assert events[-1].committed == [lay.length] * 3
+
+
+def test_speculative_modes_need_no_more_forwards_than_ar(model):
+    ar, _ = run(model, CONFIGS["ar"])
+    assert all(r.nfe == model.layout.length for r in ar.reports)
+    for name in ("sjd", "gsd", "lantern", "vvs"):
+        res, _ = run(model, CONFIGS[name])
+        assert all(r.nfe < a.nfe for r, a in zip(res.reports, ar.reports)), name
+
+
+def test_vvs_skips_and_commits_unverified_tokens(model):
+    res, events = run(model, CONFIGS["vvs"])
+    kinds = "".join(e.kind for e in events)
+    assert "S" in kinds and "SS" not in kinds
+    rep = res.reports[0]
+    assert rep.skipped_verifications > 0
+    assert rep.origin_counts()["committed without verification (VVS skip)"] > 0
+    assert rep.tokens_per_forward > rep.mean_accepted_length
+
+
+def test_similarity_threshold_gates_skipping(model):
+    def skips(threshold):
+        res, _ = run(model, dict(mode="vvs", schedule="similarity", skip_threshold=threshold, lantern_k=20))
+        return sum(r.skipped_verifications for r in res.reports)
+
+    always, strict = skips(-1.0), skips(0.95)
+    assert always > strict
+    # with every vote in favour the schedule skips at every chance, like interval 2
+    res, _ = run(model, dict(mode="vvs", schedule="similarity", skip_threshold=-1.0, lantern_k=20))
+    uniform, _ = run(model, dict(mode="vvs", skip_interval=2, lantern_k=20))
+    assert res.reports[0].steps == uniform.reports[0].steps
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_models(dtype):
+    model = SyntheticAdapter(codebook=64, rows=4, cols=4, seed=2, dtype=dtype)
+    for mode in ("sjd", "gsd", "lantern", "vvs"):
+        res = SpeculativeDecoder(model, DecodeConfig(mode=mode, window=4, lantern_k=8)).generate([0, 1], seeds=3)
+        assert res.tokens.shape == (2, 16) and res.reports[0].nfe <= 16

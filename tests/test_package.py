@@ -1,0 +1,67 @@
+"""The repository is a ComfyUI pack and the package ``spec_ar`` at once."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_python(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_importing_the_pack_loads_nothing_heavy():
+    out = run_python("import sys, spec_ar; print(sorted(m for m in ('torch', 'numpy', 'transformers', 'comfy') "
+                     "if m in sys.modules)); print(spec_ar.NODE_CLASS_MAPPINGS)")
+    assert out.splitlines()[0] == "[]"
+
+
+def test_comfyui_can_import_the_folder_under_any_name():
+    code = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("ComfyUI-SpeculativeAR", {str(ROOT / '__init__.py')!r},
+                                              submodule_search_locations=[{str(ROOT)!r}])
+mod = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = mod
+spec.loader.exec_module(mod)
+print(type(mod.NODE_CLASS_MAPPINGS).__name__)
+eng = importlib.import_module("ComfyUI-SpeculativeAR.sampling")
+print(eng.DecodeConfig().mode)
+"""
+    assert run_python(code).split() == ["dict", "sjd"]
+
+
+def test_comfyui_is_imported_only_in_nodes_and_the_entry_point():
+    allowed = {ROOT / "__init__.py"} | set((ROOT / "nodes").rglob("*.py"))
+    comfy = ("comfy", "comfy_api", "folder_paths", "server", "execution", "nodes")
+    for path in ROOT.rglob("*.py"):
+        if any(part in {".venv", "tests", "build"} for part in path.relative_to(ROOT).parts):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                if name.split(".")[0] in comfy:
+                    assert path in allowed, f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_the_engine_knows_no_family():
+    for path in (ROOT / "sampling").glob("*.py"):
+        text = path.read_text()
+        for imp in ("from ..loaders", "from ..decoders", "from ..nodes", "import transformers"):
+            assert imp not in text, f"sampling/{path.name}: {imp}"
+
+
+def test_installed_name_is_spec_ar():
+    assert importlib.util.find_spec("spec_ar") is not None
+    assert importlib.util.find_spec("spec_ar.sampling") is not None
