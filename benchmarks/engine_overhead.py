@@ -1,13 +1,14 @@
-"""Engine overhead: time outside model forwards, per mode, on a synthetic model.
+"""Engine overhead: time outside model forwards, per mode, on synthetic models.
 
-    .venv/bin/python benchmarks/engine_overhead.py [--batch 1 8] [--hidden 256] [--device cpu]
+    .venv/bin/python benchmarks/engine_overhead.py [--batch 1 8] [--sizes small large] [--device cpu]
 
 The synthetic model (loaders/synthetic.py) has the vocabulary of LlamaGen
-(16384 codes, a 16x16 grid at 256 px) and a forward whose cost is set by
-``--hidden``/``--layers``; its window forward time is printed so the share can be
-read against it.  Decoding uses LlamaGen's t2i sampling defaults (CFG 7.5,
-top-k 1000) and a window of 16.  Also prints the GSD/LANTERN table memory for a
-16384-token codebook.
+(16384 codes, a 16x16 grid at 256 px); ``--sizes`` picks its cost: ``small``
+(hidden 256, 2 layers: a window forward of ~4 ms at batch 1 on a 2-core CPU) and
+``large`` (hidden 768, 12 layers: ~18 ms).  Each window forward is timed and
+printed so the share can be read against it.  Decoding uses LlamaGen's t2i
+sampling defaults (CFG 7.5, top-k 1000) and a window of 16.  Also prints the
+LANTERN table memory for a 16384-token codebook.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from spec_ar.loaders.synthetic import SyntheticAdapter
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 from spec_ar.sampling.neighbours import TokenGeometry
 
+SIZES = {"small": (256, 2), "large": (768, 12)}  # (hidden, layers)
 MODES = {
     "ar": dict(mode="ar"),
     "sjd": dict(mode="sjd"),
@@ -51,8 +53,7 @@ def forward_ms(model, batch, window, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -60,23 +61,13 @@ def main():
     args = ap.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = SyntheticAdapter(codebook=16384, rows=16, cols=16, hidden=args.hidden, layers=args.layers,
-                             sharpness=12.0, device=device, dtype=dtype)
     print(f"device {device} ({dtype}), torch {torch.__version__}, threads {torch.get_num_threads()}")
-    for batch in args.batch:
-        fwd = forward_ms(model, batch, args.window, device)
-        print(f"\nbatch {batch}: one window forward ({args.window + 1} tokens, CFG) = {fwd:.2f} ms")
-        print(f"{'mode':16} {'NFE':>6} {'tok/fwd':>8} {'latency ms':>11} {'model ms':>9} {'engine ms':>10} "
-              f"{'engine/step ms':>15} {'engine share':>13}")
-        for name in args.modes:
-            cfg = DecodeConfig(window=args.window, cfg_scale=7.5, top_k=1000, **MODES[name])
-            dec = SpeculativeDecoder(model, cfg)
-            runs = [dec.generate(list(range(batch)), seeds=100 * r).reports[0] for r in range(args.repeats)]
-            rep = min(runs, key=lambda r: r.latency_s)
-            steps = len(rep.steps)
-            print(f"{name:16} {rep.nfe:6d} {rep.tokens_per_forward:8.2f} {rep.latency_s * 1e3:11.1f} "
-                  f"{rep.model_time_s * 1e3:9.1f} {rep.engine_time_s * 1e3:10.1f} "
-                  f"{rep.engine_time_s * 1e3 / steps:15.2f} {rep.engine_time_s / rep.latency_s:13.1%}")
+    for size in args.sizes:
+        hidden, layers = SIZES[size]
+        model = SyntheticAdapter(codebook=16384, rows=16, cols=16, hidden=hidden, layers=layers,
+                                 sharpness=12.0, device=device, dtype=dtype)
+        for batch in args.batch:
+            report(model, size, batch, args, device)
     geo = TokenGeometry(torch.arange(16384), torch.randn(16384, 8), 16384, torch.device("cpu"))
     t = time.perf_counter()
     for k in (300, 1000):
@@ -86,6 +77,22 @@ def main():
         t = time.perf_counter()
     print("GSD: no table; distances for the d filter come from the codebook vectors "
           f"({16384 * 8 * 4 / 2**20:.2f} MiB for 16384 x 8 float32)")
+
+
+def report(model, size, batch, args, device):
+    fwd = forward_ms(model, batch, args.window, device)
+    print(f"\n{size} model, batch {batch}: one window forward ({args.window + 1} tokens, CFG) = {fwd:.2f} ms")
+    print(f"{'mode':16} {'NFE':>6} {'tok/fwd':>8} {'latency ms':>11} {'model ms':>9} {'engine ms':>10} "
+          f"{'engine/step ms':>15} {'engine share':>13}")
+    for name in args.modes:
+        cfg = DecodeConfig(window=args.window, cfg_scale=7.5, top_k=1000, **MODES[name])
+        dec = SpeculativeDecoder(model, cfg)
+        runs = [dec.generate(list(range(batch)), seeds=100 * r).reports[0] for r in range(args.repeats)]
+        rep = min(runs, key=lambda r: r.latency_s)
+        steps = len(rep.steps)
+        print(f"{name:16} {rep.nfe:6d} {rep.tokens_per_forward:8.2f} {rep.latency_s * 1e3:11.1f} "
+              f"{rep.model_time_s * 1e3:9.1f} {rep.engine_time_s * 1e3:10.1f} "
+              f"{rep.engine_time_s * 1e3 / steps:15.2f} {rep.engine_time_s / rep.latency_s:13.1%}")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,18 @@ A draft source keeps ``state.seq`` (tokens by stream position) and ``state.ring`
 committed prefix.  The engine calls
 
 * ``after_verify(state, probs, samples, first_new)`` once a forward has been
-  judged: ``probs`` are the target rows of the window, ``samples`` one draw from
-  each row, and window rows from ``first_new`` on are unverified;
+  judged: ``probs`` are the target rows of the window (row ``j`` for position
+  ``state.window_positions[:, j] + 1``), ``samples`` one draw from each row, and
+  rows after ``first_new`` hold positions still to be drafted;
 * ``extend(state, start, stop, width)`` to put fresh drafts at positions
   ``[start[b], stop[b])`` of each sample (``width >= max(stop - start)``).
+
+Drafts live in ``state.seq`` with their ``q`` row in ``state.ring`` (slot
+``position % state.ring_size``).  The source keeps ``state.draft_end`` (drafts
+exist before it; ``extend`` is called from there) and ``state.informed_end``
+(drafts before it came from a model and may be committed unverified by VVS)
+up to date, on the device and, for ``draft_end``, in ``state.host_draft_end``
+(the engine updates both after ``extend``).
 
 :class:`JacobiDrafts` is SJD's self-drafting: the unverified tail of a pass,
 re-sampled from that pass, becomes the next drafts with the pass's rows as their
@@ -18,9 +26,19 @@ head in ``extend`` and writing its own ``q`` rows.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from . import rng
+
+
+class DraftSource(Protocol):
+    """What the engine needs from a draft source (see the module docstring)."""
+
+    def after_verify(self, st, probs: torch.Tensor, samples: torch.Tensor, first_new: torch.Tensor) -> None: ...
+
+    def extend(self, st, start: torch.Tensor, stop: torch.Tensor, width: int) -> None: ...
 
 
 class JacobiDrafts:
@@ -46,11 +64,18 @@ class JacobiDrafts:
 
     def after_verify(self, st, probs, samples, first_new):
         # Jacobi: positions after the first unverified one take this pass's
-        # samples; the pass's rows, written to the ring by the engine, are their q.
-        window = torch.arange(samples.shape[1], device=samples.device)
-        tail = window.unsqueeze(0) > first_new.unsqueeze(1)
+        # samples, and the pass's rows become their q.  Rows of committed
+        # positions are kept too: sample-left/above draw from them.
         pos = st.window_positions + 1
+        L = pos.shape[1]
+        tail = st.arange(L).unsqueeze(0) > first_new.unsqueeze(1)
         st.seq.scatter_(1, pos, torch.where(tail, samples, st.seq.gather(1, pos)))
+        st.ring[st.batch_idx, pos % st.ring_size] = probs
+        # every position the pass predicted now holds a draft drawn from the pass
+        end = pos[:, -1] + 1
+        st.draft_end = torch.maximum(st.draft_end, end)
+        st.informed_end = torch.maximum(st.informed_end, end)
+        st.host_draft_end = [max(d, c + L + 1) for d, c in zip(st.host_draft_end, st.host_cached)]
 
     def extend(self, st, start: torch.Tensor, stop: torch.Tensor, width: int):
         """Fresh drafts at positions ``[start[b], stop[b])``; writes past a sample's

@@ -35,7 +35,7 @@ from . import rng
 from .acceptance import DraftDistributions, make_rule
 from .adapter import ImageAdapter
 from .config import ConfigError, DecodeConfig
-from .drafts import JacobiDrafts
+from .drafts import DraftSource, JacobiDrafts
 from .neighbours import TokenGeometry
 from .processing import build_pipeline
 from .report import ACCEPTED, COMMITTED, FORCED, PENDING, RESAMPLED, SAMPLED, DecodeReport
@@ -97,13 +97,14 @@ class _State:
         self.geometry = geometry
         zeros = torch.zeros(self.batch, dtype=torch.long, device=device)
         self.n_cached, self.n_committed = zeros.clone(), zeros.clone()
-        # for skipping schedules: the drafts before informed_end were drawn from a
-        # pass; produced / verified is the running mean accepted length
+        # maintained by the draft source: drafts exist before draft_end (and
+        # host_draft_end); those before informed_end may be committed unverified
+        self.draft_end = zeros.clone()
         self.informed_end = zeros.clone()
+        # for skipping schedules: produced / verified is the mean accepted length
         self.produced = zeros.clone()
         self.verified = zeros.clone()
-        # host mirrors, refreshed by the one synchronisation per step; drafts
-        # exist before host_draft_end
+        # host mirrors, refreshed by the one synchronisation per step
         self.host_cached = [0] * self.batch
         self.host_committed = [0] * self.batch
         self.host_draft_end = [0] * self.batch
@@ -115,8 +116,9 @@ class _State:
         self.step = 0
         self.verified_since_skip = 0
         self.window_positions = None
-        # (kind, committed before, committed after, rejected) per step: origins,
-        # histograms and counts are rebuilt from it once decoding ends
+        # (kind, committed before, committed after, rejected, position of the drawn
+        # token) per step: origins, histograms and counts are rebuilt from it once
+        # decoding ends
         self.log: list[tuple] = []
 
     def buffer(self, name: str, rows: int) -> torch.Tensor:
@@ -146,10 +148,11 @@ class SpeculativeDecoder:
     """Decodes batches of images with one adapter and one configuration.
 
     Build once (validates the configuration, builds neighbour tables), then call
-    :meth:`generate` for each batch.
+    :meth:`generate` for each batch.  ``drafter`` replaces Jacobi self-drafting
+    with another :class:`~.drafts.DraftSource` (e.g. a learned draft head).
     """
 
-    def __init__(self, adapter: ImageAdapter, config: DecodeConfig):
+    def __init__(self, adapter: ImageAdapter, config: DecodeConfig, drafter: DraftSource | None = None):
         config = config.with_defaults(getattr(adapter, "sampling_defaults", {}))
         geometry = None
         vectors = adapter.token_vectors()
@@ -174,7 +177,7 @@ class SpeculativeDecoder:
         self.pipeline = build_pipeline(config, lay, adapter.guidance, adapter.device, pad)
         self.rule = make_rule(config.rule, config, geometry) if config.drafts else None
         self.schedule = make_schedule(config.verify_schedule, config, geometry)
-        self.drafter = JacobiDrafts(config.init)
+        self.drafter = drafter or JacobiDrafts(config.init)
         self.guided = self.pipeline.guidance.branches > 1
 
     # -- public -------------------------------------------------------------
@@ -230,14 +233,15 @@ class SpeculativeDecoder:
         probs = self.pipeline(logits.unsqueeze(2), zero)  # [B, 1, V]
         u = rng.uniform(st.keys, 0, rng.VERIFY, zero, lanes=2)[..., 1:]
         st.seq[:, :1] = rng.categorical(probs, u).view(B, 1)
-        st.log.append(("P", st.n_committed, st.n_committed + 1, torch.zeros_like(st.n_committed, dtype=torch.bool)))
+        st.log.append(("P", st.n_committed, st.n_committed + 1, torch.zeros_like(st.n_committed, dtype=torch.bool),
+                       st.n_committed))
         st.n_committed = st.n_committed + 1
         st.produced += 1
         st.verified += 1
         st.host_committed = [1] * B
         if st.drafts:
-            st.ring[:, 0] = probs[:, 0]
-            st.informed_end += 1
+            st.ring[:, 0] = probs[:, 0]  # position 0's p: sample-left draws from it
+            st.draft_end += 1
             st.host_draft_end = [1] * B
             self._extend(st)
         self._notify(callback, st)
@@ -266,13 +270,17 @@ class SpeculativeDecoder:
 
     def _autoregressive(self, st: _State, timer: "_Timer"):
         """One token per forward; every sample sits at the same position, so no
-        host synchronisation is needed."""
+        host synchronisation is needed.  Step t draws position t, so the draws
+        of the whole image are made at once (the same numbers as step by step)."""
+        if st.step == 1:
+            where = st.arange(st.length).unsqueeze(0).expand(st.batch, -1)
+            st.ar_uniforms = rng.uniform(st.keys, where, rng.VERIFY, where, lanes=2)[..., 1:]
+        t = st.step
         pos = st.n_cached.unsqueeze(1)
         probs = self.pipeline(self._forward(st, st.seq.gather(1, pos), timer), pos + 1)
-        u = rng.uniform(st.keys, st.step, rng.VERIFY, pos + 1, lanes=2)[..., 1:]
-        st.seq.scatter_(1, pos + 1, rng.categorical(probs, u).view(st.batch, 1))
+        st.seq[:, t:t + 1] = rng.categorical(probs, st.ar_uniforms[:, t:t + 1]).view(st.batch, 1)
         none = torch.zeros_like(st.n_committed, dtype=torch.bool)
-        st.log.append(("V", st.n_committed, st.n_committed + 1, none))
+        st.log.append(("V", st.n_committed, st.n_committed + 1, none, st.n_committed))
         st.n_cached = st.n_cached + 1
         st.n_committed = st.n_committed + 1
         st.host_cached = [n + 1 for n in st.host_cached]
@@ -326,9 +334,8 @@ class SpeculativeDecoder:
             redraw = rng.categorical(res, u[st.batch_idx, row, 1])
             new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
 
-        # Jacobi tail and q rows; the new token lands after them (it may sit in the tail)
+        # next drafts (Jacobi: the tail); the new token lands after them
         self.drafter.after_verify(st, probs, samples, passed)
-        st.ring[st.batch_idx, slots] = probs
         stop = base.unsqueeze(1) + passed.unsqueeze(1) + 1
         st.seq.scatter_(1, torch.where(stop < T, stop, st.scratch), new_tok)
 
@@ -341,12 +348,10 @@ class SpeculativeDecoder:
         ad.rollback(L - keep)
         st.n_cached = base + keep
         st.n_committed = committed
-        st.log.append(("V", committed_before, committed, rejected))
+        st.log.append(("V", committed_before, committed, rejected, stop.squeeze(1)))
         if st.skips:
             st.produced += committed - committed_before
             st.verified += committed_before < T
-            st.informed_end = torch.maximum(st.informed_end, base + L + 1)
-        st.host_draft_end = [max(d, c + L + 1) for d, c in zip(st.host_draft_end, st.host_cached)]
         st.verified_since_skip += 1
 
         plan = self.schedule.plan(st)
@@ -359,7 +364,7 @@ class SpeculativeDecoder:
 
     def _skip(self, st: _State, m: torch.Tensor, m_host: list[int]):
         """Commit ``m[b]`` informed drafts of each sample without a forward."""
-        st.log.append(("S", st.n_committed, st.n_committed + m, m > 0))
+        st.log.append(("S", st.n_committed, st.n_committed + m, m > 0, None))
         st.n_committed = st.n_committed + m
         st.host_committed = [c + d for c, d in zip(st.host_committed, m_host)]
         st.verified_since_skip = 0
@@ -367,12 +372,17 @@ class SpeculativeDecoder:
 
     def _extend(self, st: _State):
         """Initialise drafts up to ``n_committed + horizon`` for every sample."""
+        # never over committed tokens: a source may leave draft_end behind them
+        st.host_draft_end = [max(d, c) for d, c in zip(st.host_draft_end, st.host_committed)]
         stop = [c + st.horizon for c in st.host_committed]
         width = max(e - d for e, d in zip(stop, st.host_draft_end))
         if width > 0:
-            start = torch.tensor(st.host_draft_end, device=st.n_committed.device)
-            self.drafter.extend(st, start, st.n_committed + st.horizon, width)
+            st.draft_end = torch.maximum(st.draft_end, st.n_committed)
+            stop_t = st.n_committed + st.horizon
+            self.drafter.extend(st, st.draft_end, stop_t, width)
+            st.draft_end = torch.maximum(st.draft_end, stop_t)
             st.host_draft_end = [max(d, e) for d, e in zip(st.host_draft_end, stop)]
+
 
     def _notify(self, callback, st):
         if callback is not None:
@@ -392,14 +402,14 @@ class SpeculativeDecoder:
         skipped = torch.zeros_like(nfe)
         unverified = torch.zeros_like(nfe)
         hist = torch.zeros(B, st.max_window + 2, dtype=torch.long, device=device)
-        for kind, before, after, flag in st.log:
+        for kind, before, after, flag, new in st.log:
             span = (pos >= before.unsqueeze(1)) & (pos < after.unsqueeze(1))
             if kind == "S":
                 code = torch.full_like(origin, COMMITTED)
                 skipped += flag
                 unverified += after - before
             else:
-                last = pos == (after - 1).unsqueeze(1)
+                last = pos == new.unsqueeze(1)  # the drawn token (past the end when all stood)
                 code = torch.where(last, torch.where(flag, RESAMPLED, SAMPLED).unsqueeze(1), ACCEPTED)
                 active = before < T
                 nfe += active

@@ -16,9 +16,11 @@ from .adapter import TokenLayout
 from .config import ConfigError, DecodeConfig
 
 NEG_INF = float("-inf")
-#: ``threshold_(x, KEEP_NON_NEGATIVE, v)`` keeps exactly the values >= 0: it is the
-#: negative float32 closest to zero, and ``threshold_`` keeps values above it
-KEEP_NON_NEGATIVE = -1.401298464324817e-45
+#: ``threshold_(x, KEEP_NON_NEGATIVE, v)`` keeps the values >= 0 (``threshold_``
+#: keeps values above it).  The smallest *normal* float32, not a subnormal, so that
+#: flush-to-zero settings cannot turn it into -0.0 and drop exact zeros; only
+#: values within a subnormal distance below zero are kept with them.
+KEEP_NON_NEGATIVE = -1.1754943508222875e-38
 
 
 # -- guidance: [K, B, L, V] -> [B, L, V] float32 ---------------------------------

@@ -49,16 +49,22 @@ def seed_keys(seeds: torch.Tensor) -> torch.Tensor:
     return _mix(seeds * _GAMMA + _GAMMA)
 
 
-def uniform(keys: torch.Tensor, step: int, stream: int, positions: torch.Tensor, lanes: int = 1) -> torch.Tensor:
+def uniform(keys: torch.Tensor, step: int | torch.Tensor, stream: int, positions: torch.Tensor,
+            lanes: int = 1) -> torch.Tensor:
     """Uniform float32 numbers in ``[0, 1)`` shaped ``positions.shape + (lanes,)``
     (the trailing dimension dropped when ``lanes == 1``).
 
-    ``keys`` ``[B]`` come from :func:`seed_keys`; ``positions`` is ``[B, ...]``.
+    ``keys`` ``[B]`` come from :func:`seed_keys`; ``positions`` is ``[B, ...]``;
+    ``step`` is an int or a tensor broadcasting against ``positions``.
     Each lane takes 24 bits of one 64-bit hash, so values are exact in float32
     and strictly below 1; two lanes cost one hash.
     """
-    key = keys + _wrap((step * 4096 + stream) * _GAMMA)
-    h = _mix(key.view((-1,) + (1,) * (positions.dim() - 1)) ^ (positions * _GAMMA))
+    key = keys.view((-1,) + (1,) * (positions.dim() - 1))
+    if isinstance(step, torch.Tensor):  # one step per position (int64 arithmetic wraps)
+        key = key + (step * 4096 + stream) * _GAMMA
+    else:
+        key = key + _wrap((step * 4096 + stream) * _GAMMA)
+    h = _mix(key ^ (positions * _GAMMA))
     if lanes == 1:
         return _shr(h, 40).to(torch.float32) * (1.0 / (1 << 24))
     return torch.stack([_shr(h, 40), _shr(h, 16) & 0xFFFFFF], -1).to(torch.float32) * (1.0 / (1 << 24))

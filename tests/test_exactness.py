@@ -84,3 +84,30 @@ def test_the_check_rejects_biased_modes(config):
     tokens = sample(peaked, config, n=30_000, seed=2)
     pvalue, impossible = stream_test(peaked, tokens, cls=1)
     assert impossible > 0 or pvalue < 1e-6
+
+
+class ConstantDrafts:
+    """A draft source other than Jacobi: always proposes the first image token,
+    never learns from the target.  The engine must stay exact with it."""
+
+    def after_verify(self, st, probs, samples, first_new):
+        pass  # drafts past the new token stay as proposed, with their one-hot q
+
+    def extend(self, st, start, stop, width):
+        pos = start.unsqueeze(1) + st.arange(width)
+        pos = torch.where(pos < stop.unsqueeze(1), pos, st.scratch)
+        tok = torch.where(st.forced_at[pos] >= 0, st.forced_at[pos], st.image_ids[0])
+        st.seq.scatter_(1, pos, tok)
+        slot = torch.where(pos < stop.unsqueeze(1), pos % st.ring_size, st.ring_size)
+        st.ring[st.batch_idx, slot] = 0.0
+        st.ring[st.batch_idx, slot, tok] = 1.0
+
+
+def test_any_draft_source_keeps_the_engine_exact(model):
+    config = DecodeConfig(mode="sjd", window=3, cfg_scale=CFG, top_k=TOP_K)
+    decoder = SpeculativeDecoder(model, config, drafter=ConstantDrafts())
+    result = decoder.generate([1] * 30_000, seeds=5_000_000)
+    pvalue, impossible = stream_test(model, result.tokens, cls=1)
+    assert impossible == 0 and pvalue > 1e-4
+    accepted = sum(r.origin_counts()["accepted draft"] for r in result.reports)
+    assert accepted > 0, "its drafts are used"

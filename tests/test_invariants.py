@@ -6,7 +6,7 @@ import torch
 
 from spec_ar.loaders.synthetic import SyntheticAdapter
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
-from spec_ar.sampling.report import COMMITTED, FORCED, PENDING
+from spec_ar.sampling.report import ACCEPTED, COMMITTED, FORCED, PENDING, RESAMPLED, SAMPLED
 
 CONFIGS = {
     "ar": dict(mode="ar"),
@@ -60,6 +60,11 @@ def test_bookkeeping(model, name):
         assert produced + rep.unverified_tokens == rep.tokens == lay.length
         assert int((origins == COMMITTED).sum()) <= rep.unverified_tokens
         assert rep.tokens_per_forward == pytest.approx(rep.tokens / rep.nfe)
+        # each forward draws at most one token from the target; the rest are drafts
+        drawn = int(((origins == SAMPLED) | (origins == RESAMPLED)).sum())
+        assert drawn <= rep.nfe
+        if name != "ar":
+            assert int((origins == ACCEPTED).sum()) > 0
         assert rep.nfe <= lay.length
         assert "SS" not in rep.steps, "never two skips in a row"
         assert rep.steps.count("V") + 1 >= rep.nfe
