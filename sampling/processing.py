@@ -89,7 +89,9 @@ class GrammarMask:
 
     def __init__(self, layout: TokenLayout, device: torch.device, pad: int):
         allowed = layout.image_tokens.to(device)
-        self.bias = None if bool(allowed.all()) else torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, NEG_INF)
+        self.bias = None
+        if not bool(allowed.all()):
+            self.bias = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, NEG_INF)
         # forced token per position; positions past the end read -1 (pad)
         forced = torch.cat([layout.forced, torch.full((pad,), -1, dtype=torch.long)])
         self.forced = forced.to(device) if bool((layout.forced >= 0).any()) else None

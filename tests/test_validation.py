@@ -3,7 +3,6 @@ the model runs."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder
 
