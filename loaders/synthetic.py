@@ -77,7 +77,7 @@ class SyntheticAdapter(ImageAdapter):
         return h @ w["head"].T
 
     def rollback(self, n):
-        self.lengths -= n
+        self.lengths -= torch.tensor(n, device=self.device)
 
     def cache_lengths(self):
         return self.lengths.clone()

@@ -9,7 +9,7 @@ engine drives it through four calls and never learns what the model is:
   cache (the same tokens go to every branch) and returns one row of logits per
   window token, each predicting the *next* position;
 * :meth:`ImageAdapter.rollback` drops the last ``n[b]`` cached positions of
-  sample ``b`` (the rejected part of a window);
+  sample ``b`` (the rejected part of a window; host integers);
 * :attr:`ImageAdapter.layout` says which token ids are image tokens, which
   positions hold forced structural tokens (end-of-line, end-of-image, size
   tokens) and how the raster is laid out; :meth:`ImageAdapter.token_vectors`
@@ -105,8 +105,10 @@ class ImageAdapter:
         """Logits ``[K, B, L, vocab]`` for a window ``tokens`` of shape ``[B, L]``."""
         raise NotImplementedError
 
-    def rollback(self, n: torch.Tensor) -> None:
-        """Drop the last ``n[b]`` cached positions of each sample (``n >= 0``)."""
+    def rollback(self, n: list[int]) -> None:
+        """Drop the last ``n[b]`` cached positions of sample ``b`` (``n[b] >= 0``).
+        Host integers: the engine calls this right after its per-step
+        synchronisation, so adapters may use them freely (e.g. to crop a cache)."""
         raise NotImplementedError
 
     def token_vectors(self) -> tuple[torch.Tensor, torch.Tensor] | None:

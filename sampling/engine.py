@@ -345,7 +345,6 @@ class SpeculativeDecoder:
         if near_end:
             keep = torch.minimum(keep, (T - base).clamp(min=0))
             committed = committed.clamp(max=T).maximum(committed_before)
-        ad.rollback(L - keep)
         st.n_cached = base + keep
         st.n_committed = committed
         st.log.append(("V", committed_before, committed, rejected, stop.squeeze(1)))
@@ -355,11 +354,12 @@ class SpeculativeDecoder:
         st.verified_since_skip += 1
 
         plan = self.schedule.plan(st)
-        sync = torch.stack([st.n_cached, st.n_committed] + ([plan] if plan is not None else [])).tolist()
+        sync = torch.stack([st.n_cached, st.n_committed, L - keep] + ([plan] if plan is not None else [])).tolist()
         st.host_cached, st.host_committed = sync[0], sync[1]
+        ad.rollback(sync[2])  # the rejected rows leave the cache
         self._extend(st)
-        if plan is not None and min(sync[2]) >= 0 and max(sync[2]) > 0:
-            return plan, sync[2]
+        if plan is not None and min(sync[3]) >= 0 and max(sync[3]) > 0:
+            return plan, sync[3]
         return None
 
     def _skip(self, st: _State, m: torch.Tensor, m_host: list[int]):

@@ -52,8 +52,8 @@ class TabularAdapter(ImageAdapter):
         return self._logits(pos + 1)
 
     def rollback(self, n):
-        assert (n >= 0).all()
-        self.lengths -= n
+        assert min(n) >= 0
+        self.lengths -= torch.tensor(n)
 
     def cache_lengths(self):
         return self.lengths.clone()

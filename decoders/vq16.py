@@ -1,0 +1,251 @@
+"""LlamaGen's VQ tokenizer (``vq_ds16_c2i.pt``, ``vq_ds16_t2i.pt``, ``vq_ds8_c2i.pt``).
+
+A taming-style convolutional autoencoder with a small L2-normalised codebook
+(16384 x 8).  Module names follow the checkpoint keys, and the architecture
+(channels per level, blocks per level, where attention sits, codebook size) is
+read from the weights, so the downsample-16 and downsample-8 tokenizers and
+smaller variants load alike.  Janus uses the same design (through transformers).
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..loaders.checkpoints import CheckpointError, load_file, state_dict
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
+
+
+def _swish(x):
+    return x * torch.sigmoid(x)
+
+
+class ResnetBlock(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.norm1, self.conv1 = _norm(cin), nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2, self.conv2 = _norm(cout), nn.Conv2d(cout, cout, 3, padding=1)
+        self.nin_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
+
+    def forward(self, x):
+        h = self.conv1(_swish(self.norm1(x)))
+        h = self.conv2(_swish(self.norm2(h)))
+        return h + (x if self.nin_shortcut is None else self.nin_shortcut(x))
+
+
+class AttnBlock(nn.Module):
+    """Single-head self-attention over the pixels of a feature map."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.norm = _norm(c)
+        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        y = self.norm(x)
+        q, k, v = (m(y).flatten(2).transpose(1, 2) for m in (self.q, self.k, self.v))  # [b, hw, c]
+        y = F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
+        return x + self.proj_out(y.transpose(1, 2).reshape(b, c, h, w))
+
+
+class _Resample(nn.Module):
+    def __init__(self, c: int, up: bool):
+        super().__init__()
+        self.up = up
+        self.conv = nn.Conv2d(c, c, 3, stride=1 if up else 2, padding=1 if up else 0)
+
+    def forward(self, x):
+        if self.up:
+            return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+        return self.conv(F.pad(x, (0, 1, 0, 1)))  # right/bottom padding, then stride 2
+
+
+class _Level(nn.Module):
+    def __init__(self, channels: list[tuple[int, int]], attn: bool, resample: str | None):
+        super().__init__()
+        self.res = nn.ModuleList(ResnetBlock(a, b) for a, b in channels)
+        self.attn = nn.ModuleList(AttnBlock(b) for _, b in channels) if attn else nn.ModuleList()
+        if resample == "down":
+            self.downsample = _Resample(channels[-1][1], up=False)
+        elif resample == "up":
+            self.upsample = _Resample(channels[-1][1], up=True)
+
+    def forward(self, x):
+        for i, block in enumerate(self.res):
+            x = block(x)
+            if len(self.attn):
+                x = self.attn[i](x)
+        for name in ("downsample", "upsample"):
+            if hasattr(self, name):
+                x = getattr(self, name)(x)
+        return x
+
+
+@dataclass(frozen=True)
+class VQSpec:
+    """The architecture, as read from a checkpoint."""
+
+    ch: int
+    ch_mult: tuple[int, ...]  # per encoder level, highest resolution first
+    enc_blocks: int
+    dec_blocks: int
+    z_channels: int
+    codebook_size: int
+    embed_dim: int
+    has_encoder: bool = True
+
+    @property
+    def downsample(self) -> int:
+        return 2 ** (len(self.ch_mult) - 1)
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> "VQSpec":
+        need = ("quantize.embedding.weight", "post_quant_conv.weight", "decoder.conv_in.weight", "decoder.conv_out.weight")
+        missing = [k for k in need if k not in sd]
+        if missing:
+            raise CheckpointError(f"not a LlamaGen VQ tokenizer: missing {missing}")
+        levels = sorted({int(k.split(".")[2]) for k in sd if k.startswith("decoder.conv_blocks.")})
+        out_ch = [sd[f"decoder.conv_blocks.{j}.res.0.conv1.weight"].shape[0] for j in levels]
+        ch = sd["decoder.conv_out.weight"].shape[1]
+        dec_blocks = len({k.split(".")[4] for k in sd if k.startswith("decoder.conv_blocks.0.res.")})
+        enc_blocks = len({k.split(".")[4] for k in sd if k.startswith("encoder.conv_blocks.0.res.")})
+        book = sd["quantize.embedding.weight"]
+        return cls(ch=ch, ch_mult=tuple(c // ch for c in reversed(out_ch)), enc_blocks=enc_blocks,
+                   dec_blocks=dec_blocks, z_channels=sd["decoder.conv_in.weight"].shape[1],
+                   codebook_size=book.shape[0], embed_dim=book.shape[1], has_encoder=enc_blocks > 0)
+
+
+class Encoder(nn.Module):
+    def __init__(self, s: VQSpec):
+        super().__init__()
+        chans = [s.ch * m for m in s.ch_mult]
+        self.conv_in = nn.Conv2d(3, s.ch, 3, padding=1)
+        blocks, cin = [], s.ch
+        for i, c in enumerate(chans):
+            last = i == len(chans) - 1
+            blocks.append(_Level([(cin if j == 0 else c, c) for j in range(s.enc_blocks)], attn=last,
+                                 resample=None if last else "down"))
+            cin = c
+        self.conv_blocks = nn.ModuleList(blocks)
+        self.mid = nn.ModuleList([ResnetBlock(cin, cin), AttnBlock(cin), ResnetBlock(cin, cin)])
+        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, s.z_channels, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv_in(x)
+        for level in self.conv_blocks:
+            x = level(x)
+        for m in self.mid:
+            x = m(x)
+        return self.conv_out(_swish(self.norm_out(x)))
+
+
+class Decoder(nn.Module):
+    def __init__(self, s: VQSpec):
+        super().__init__()
+        chans = [s.ch * m for m in reversed(s.ch_mult)]  # lowest resolution first
+        cin = chans[0]
+        self.conv_in = nn.Conv2d(s.z_channels, cin, 3, padding=1)
+        self.mid = nn.ModuleList([ResnetBlock(cin, cin), AttnBlock(cin), ResnetBlock(cin, cin)])
+        blocks = []
+        for j, c in enumerate(chans):
+            last = j == len(chans) - 1
+            blocks.append(_Level([(cin if i == 0 else c, c) for i in range(s.dec_blocks)], attn=j == 0,
+                                 resample=None if last else "up"))
+            cin = c
+        self.conv_blocks = nn.ModuleList(blocks)
+        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, 3, 3, padding=1)
+
+    def forward(self, z):
+        x = self.conv_in(z)
+        for m in self.mid:
+            x = m(x)
+        for level in self.conv_blocks:
+            x = level(x)
+        return self.conv_out(_swish(self.norm_out(x)))
+
+
+class _Quantizer(nn.Module):
+    def __init__(self, s: VQSpec):
+        super().__init__()
+        self.embedding = nn.Embedding(s.codebook_size, s.embed_dim)
+
+    def codebook(self) -> torch.Tensor:
+        return F.normalize(self.embedding.weight, p=2, dim=-1)  # L2-normalised at lookup
+
+
+class VQModel(nn.Module):
+    """The tokenizer; ``decode_codes`` is what image generation needs."""
+
+    def __init__(self, spec: VQSpec):
+        super().__init__()
+        self.spec = spec
+        if spec.has_encoder:
+            self.encoder = Encoder(spec)
+            self.quant_conv = nn.Conv2d(spec.z_channels, spec.embed_dim, 1)
+        self.decoder = Decoder(spec)
+        self.quantize = _Quantizer(spec)
+        self.post_quant_conv = nn.Conv2d(spec.embed_dim, spec.z_channels, 1)
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images ``[B, 3, H, W]`` in [-1, 1] -> codes ``[B, H/ds, W/ds]`` (nearest
+        normalised code by cosine, as LlamaGen's quantizer)."""
+        z = F.normalize(self.quant_conv(self.encoder(images)), dim=1)
+        return torch.einsum("bchw,nc->bnhw", z, self.quantize.codebook()).argmax(1)
+
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, h, w]`` (raster order) -> images ``[B, 3, 16h, 16w]``, about
+        [-1, 1] (not clamped)."""
+        z = self.quantize.codebook()[codes].permute(0, 3, 1, 2)
+        return self.decoder(self.post_quant_conv(z))
+
+
+class VQ16Decoder:
+    """A loaded VQ tokenizer: codes -> images, plus its codebook for the engine."""
+
+    def __init__(self, model: VQModel, source: str = ""):
+        self.model, self.source = model, source
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path, device="cpu", dtype=torch.float32) -> "VQ16Decoder":
+        sd = state_dict(load_file(path), wrappers=("ema", "model", "state_dict", "module"))
+        try:
+            spec = VQSpec.from_state_dict(sd)
+        except CheckpointError as err:
+            raise CheckpointError(f"{path}: {err}") from err
+        return cls.from_state_dict(sd, spec, device, dtype, str(path))
+
+    @classmethod
+    def from_state_dict(cls, sd, spec=None, device="cpu", dtype=torch.float32, source=""):
+        spec = spec or VQSpec.from_state_dict(sd)
+        model = VQModel(spec)
+        sd = {k: v for k, v in sd.items() if k != "quantize.codebook_used"}  # a training statistic
+        if not spec.has_encoder:
+            sd = {k: v for k, v in sd.items() if not k.startswith(("encoder.", "quant_conv."))}
+        model.load_state_dict(sd, strict=True)
+        return cls(model.to(device=device, dtype=dtype).eval(), source)
+
+    @property
+    def spec(self) -> VQSpec:
+        return self.model.spec
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.post_quant_conv.weight.device
+
+    def codebook(self) -> torch.Tensor:
+        """``[codebook_size, embed_dim]`` L2-normalised code vectors (float32)."""
+        with torch.no_grad():
+            return self.model.quantize.codebook().float()
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, h, w]`` -> images ``[B, 3, H, W]`` float32 in [0, 1]."""
+        x = self.model.decode_codes(codes.to(self.device).long()).float()
+        return ((x + 1) / 2).clamp_(0, 1)

@@ -1,0 +1,401 @@
+"""LlamaGen (FoundationVision/LlamaGen): class- and text-conditional GPTs.
+
+The GPT is Llama-style: fused ``wqkv`` attention, SwiGLU feed-forward, RMSNorm
+(eps 1e-5), 2D rotary embeddings whose rows for the condition positions are
+zero (so condition queries and keys vanish, as in the reference), and either a
+class embedding table (c2i, null class = number of classes, one condition
+token) or a caption projection of flan-t5-xl features with a learned
+unconditional embedding (t2i, 120 left-padded condition tokens).
+
+Loads the released ``.pt`` files (weights under ``model``/``module``/
+``state_dict`` or raw; a stray ``freqs_cis`` is ignored) and the same weights as
+``.safetensors``.  The size (B, L, XL, XXL, 3B, ...) is read from the weights.
+The image grid is not stored in the weights (rotary tables are computed), except
+in old files that carry ``freqs_cis``; without it the grid defaults to the
+reference sampling scripts' resolution (c2i 384 px, t2i 512 px) and can be set.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..sampling.adapter import ImageAdapter, TokenLayout
+from .checkpoints import CheckpointError, load_file, state_dict
+
+#: heads by model width for the released presets (all 64-dim heads but 3B's 100)
+HEADS = {768: 12, 1024: 16, 1280: 20, 1536: 24, 2048: 32, 2560: 40, 3200: 32, 4096: 32}
+SIZE_NAMES = {(768, 12): "B", (1024, 24): "L", (1280, 36): "XL", (1536, 48): "XXL", (2560, 48): "XXXL",
+              (2048, 22): "1B", (3200, 24): "3B", (4096, 32): "7B"}
+DOWNSAMPLE = 16
+
+
+@dataclass(frozen=True)
+class GPTSpec:
+    dim: int
+    n_layer: int
+    n_head: int
+    ffn_hidden: int
+    vocab_size: int
+    kind: str  # "c2i" or "t2i"
+    num_classes: int = 1000  # c2i
+    caption_dim: int = 2048  # t2i
+    cond_tokens: int = 1  # 1 (c2i) or 120 (t2i)
+    grid: int | None = None  # from a stored freqs_cis, if any
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def name(self) -> str:
+        return f"LlamaGen-{SIZE_NAMES.get((self.dim, self.n_layer), f'{self.dim}x{self.n_layer}')} {self.kind}"
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> "GPTSpec":
+        for key in ("tok_embeddings.weight", "layers.0.attention.wqkv.weight", "output.weight"):
+            if key not in sd:
+                raise CheckpointError(f"not a LlamaGen GPT: missing {key!r}")
+        vocab, dim = sd["tok_embeddings.weight"].shape
+        n_layer = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k)))
+        n_head = HEADS.get(dim, max(1, dim // 64))
+        if sd["layers.0.attention.wqkv.weight"].shape[0] != 3 * dim:
+            raise CheckpointError("grouped-query LlamaGen checkpoints are not supported (wqkv is not 3 x dim)")
+        ffn = sd["layers.0.feed_forward.w1.weight"].shape[0]
+        if "cls_embedding.embedding_table.weight" in sd:
+            kind, extra = "c2i", {"num_classes": sd["cls_embedding.embedding_table.weight"].shape[0] - 1}
+        elif "cls_embedding.cap_proj.fc1.weight" in sd:
+            unc = sd["cls_embedding.uncond_embedding"]
+            kind, extra = "t2i", {"caption_dim": unc.shape[1], "cond_tokens": unc.shape[0]}
+        else:
+            raise CheckpointError("LlamaGen GPT without a class table or a caption projection")
+        grid = None
+        if "freqs_cis" in sd:  # [cond + grid^2, head_dim / 2, 2] in old files
+            cond = extra.get("cond_tokens", 1)
+            grid = math.isqrt(sd["freqs_cis"].shape[0] - cond)
+        return cls(dim=dim, n_layer=n_layer, n_head=n_head, ffn_hidden=ffn, vocab_size=vocab, kind=kind,
+                   grid=grid, **extra)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        y = x.float()
+        return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, s: GPTSpec):
+        super().__init__()
+        self.n_head, self.head_dim = s.n_head, s.head_dim
+        self.wqkv = nn.Linear(s.dim, 3 * s.dim, bias=False)
+        self.wo = nn.Linear(s.dim, s.dim, bias=False)
+
+    def forward(self, x, rope, cache, layer, mask):
+        n, L, _ = x.shape
+        q, k, v = self.wqkv(x).view(n, L, 3, self.n_head, self.head_dim).unbind(2)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        k, v = cache.write(layer, k.transpose(1, 2), v.transpose(1, 2))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask)
+        return self.wo(out.transpose(1, 2).reshape(n, L, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, s: GPTSpec):
+        super().__init__()
+        self.w1 = nn.Linear(s.dim, s.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(s.dim, s.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(s.ffn_hidden, s.dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, s: GPTSpec):
+        super().__init__()
+        self.attention, self.feed_forward = Attention(s), FeedForward(s)
+        self.attention_norm, self.ffn_norm = RMSNorm(s.dim, s.norm_eps), RMSNorm(s.dim, s.norm_eps)
+
+    def forward(self, x, rope, cache, layer, mask):
+        h = x + self.attention(self.attention_norm(x), rope, cache, layer, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class LabelEmbedder(nn.Module):
+    def __init__(self, s: GPTSpec):
+        super().__init__()
+        self.embedding_table = nn.Embedding(s.num_classes + 1, s.dim)  # last row: the null class
+
+
+class CaptionProjection(nn.Module):
+    def __init__(self, s: GPTSpec):
+        super().__init__()
+        self.fc1 = nn.Linear(s.caption_dim, s.dim, bias=False)
+        self.fc2 = nn.Linear(s.dim, s.dim, bias=False)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class CaptionEmbedder(nn.Module):
+    def __init__(self, s: GPTSpec):
+        super().__init__()
+        self.cap_proj = CaptionProjection(s)
+        self.register_buffer("uncond_embedding", torch.zeros(s.cond_tokens, s.caption_dim))
+
+
+class LlamaGenGPT(nn.Module):
+    """The network; parameter names match the checkpoints."""
+
+    def __init__(self, spec: GPTSpec):
+        super().__init__()
+        self.spec = spec
+        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.dim)
+        self.cls_embedding = LabelEmbedder(spec) if spec.kind == "c2i" else CaptionEmbedder(spec)
+        self.layers = nn.ModuleList(Block(spec) for _ in range(spec.n_layer))
+        self.norm = RMSNorm(spec.dim, spec.norm_eps)
+        self.output = nn.Linear(spec.dim, spec.vocab_size, bias=False)
+
+    def forward(self, h, rope, cache, mask):
+        """Hidden states ``[N, L, dim]`` at the cache's next positions -> logits
+        ``[N, L, vocab]`` (float32)."""
+        for i, layer in enumerate(self.layers):
+            h = layer(h, rope, cache, i, mask)
+        return self.output(self.norm(h)).float()
+
+
+def rope_table(spec: GPTSpec, grid: int, extra: int) -> torch.Tensor:
+    """``[cond + positions, head_dim / 2, 2]`` (cos, sin): zero rows for the
+    condition, then the image positions in raster order (row angles in the first
+    half of the pairs, column angles in the second), continued past the grid for
+    windows that run over the end."""
+    quarter = spec.head_dim // 4
+    freqs = 1.0 / spec.rope_base ** (torch.arange(quarter, dtype=torch.float64) * 4 / spec.head_dim)
+    pos = torch.arange(grid * grid + extra)
+    angles = torch.cat([torch.outer((pos // grid).double(), freqs), torch.outer((pos % grid).double(), freqs)], -1)
+    table = torch.stack([angles.cos(), angles.sin()], -1).float()
+    return torch.cat([torch.zeros(spec.cond_tokens, 2 * quarter, 2), table])
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of ``x`` ``[N, L, H, hd]`` by ``rope`` ``[N, L, hd/2, 2]``."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    cos, sin = rope[:, :, None, :, 0], rope[:, :, None, :, 1]
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], -1).flatten(-2).type_as(x)
+
+
+class KVCache:
+    """Per-layer key/value buffers with one length per row (rows advance by
+    different amounts under speculative decoding), and a key mask for padded
+    condition positions."""
+
+    def __init__(self, gpt: LlamaGenGPT, rows: int, capacity: int, dtype, device):
+        s = gpt.spec
+        shape = (rows, s.n_head, capacity, s.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(s.n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(s.n_layer)]
+        self.length = torch.zeros(rows, dtype=torch.long, device=device)
+        self.host_length = [0] * rows
+        self.key_ok = torch.ones(rows, capacity, dtype=torch.bool, device=device)
+        self.capacity = capacity
+        self.pos = self.keys = None
+
+    def begin(self, L: int) -> torch.Tensor:
+        """Start a forward of ``L`` tokens per row: returns their positions
+        ``[rows, L]`` and the boolean attention mask ``[rows, 1, L, keys]``
+        (causal, valid keys, and every position sees itself, so padded condition
+        rows see only themselves, as in the reference)."""
+        self.pos = self.length.unsqueeze(1) + torch.arange(L, device=self.length.device)
+        self.keys = max(self.host_length) + L
+        if self.keys > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded")
+        idx = torch.arange(self.keys, device=self.length.device)
+        q = self.pos.unsqueeze(-1)
+        mask = ((idx <= q) & self.key_ok[:, None, : self.keys]) | (idx == q)
+        return self.pos, mask.unsqueeze(1)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store ``k, v`` ``[rows, heads, L, hd]`` at each row's positions; return
+        the keys and values attention reads."""
+        idx = self.pos[:, None, :, None].expand(k.shape)
+        self.k[layer].scatter_(2, idx, k)
+        self.v[layer].scatter_(2, idx, v)
+        return self.k[layer][:, :, : self.keys], self.v[layer][:, :, : self.keys]
+
+    def advance(self, n: list[int]):
+        """Add ``n[row]`` positions (negative: roll back)."""
+        self.host_length = [a + b for a, b in zip(self.host_length, n)]
+        self.length += torch.tensor(n, device=self.length.device)
+
+
+class LlamaGenAdapter(ImageAdapter):
+    """Drives a :class:`LlamaGenGPT` for the engine.  Conditions are class ids
+    (c2i) or prompts (t2i, through ``text_encoder``)."""
+
+    guidance = "linear"
+
+    def __init__(self, gpt: LlamaGenGPT, grid: int, codebook: torch.Tensor | None = None, text_encoder=None):
+        s = gpt.spec
+        self.gpt, self.spec, self.grid = gpt, s, grid
+        self.device = gpt.output.weight.device
+        self.dtype = gpt.output.weight.dtype
+        self.vocab_size = s.vocab_size
+        self.layout = TokenLayout.raster(grid, grid, s.vocab_size)
+        self.codebook = codebook
+        self.text_encoder = text_encoder
+        self.sampling_defaults = ({"cfg_scale": 4.0, "top_k": 2000} if s.kind == "c2i"
+                                  else {"cfg_scale": 7.5, "top_k": 1000})
+        self.rope = None
+        self.cache = None
+        self.batch = 0
+
+    # -- conditions ---------------------------------------------------------
+    def check_conditions(self, conditions, negatives):
+        if negatives is not None:
+            raise ValueError("LlamaGen has no negative prompt: leave it empty")
+        if self.spec.kind == "c2i":
+            n = self.spec.num_classes
+            bad = [c for c in conditions if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < n]
+            if bad:
+                raise ValueError(f"class id must be an integer in [0, {n - 1}] for this class-conditional "
+                                 f"LlamaGen model (got {bad[0]!r})")
+        else:
+            bad = [c for c in conditions if not isinstance(c, str)]
+            if bad:
+                raise ValueError(f"prompt must be text for this text-conditional LlamaGen model (got {bad[0]!r})")
+            if self.text_encoder is None:
+                raise ValueError("this text-conditional LlamaGen model needs a T5 text encoder "
+                                 "(a local copy of google/flan-t5-xl)")
+
+    def _condition_embeddings(self, conditions, guided):
+        s, emb = self.spec, self.gpt.cls_embedding
+        if s.kind == "c2i":
+            cls = torch.tensor(conditions, device=self.device)
+            if guided:
+                cls = torch.cat([cls, torch.full_like(cls, s.num_classes)])
+            return emb.embedding_table(cls).unsqueeze(1), None
+        feats, mask = self.text_encoder.encode(conditions, s.cond_tokens)  # left-padded, pads zeroed
+        feats = feats.to(self.device, self.dtype)
+        mask = mask.to(self.device)
+        if guided:
+            feats = torch.cat([feats, torch.zeros_like(feats) + emb.uncond_embedding])
+            mask = torch.cat([mask, mask])  # the reference masks both halves alike
+        return emb.cap_proj(feats), mask
+
+    # -- the engine's calls ---------------------------------------------------
+    def prefill(self, conditions, negatives, guided):
+        h, mask = self._condition_embeddings(conditions, guided)
+        rows, cond = h.shape[0], h.shape[1]
+        self.batch = len(conditions)
+        T = self.layout.length
+        margin = 4 * 128  # windows may run past the end of the image
+        if self.rope is None or self.rope.shape[0] < cond + T + margin:
+            self.rope = rope_table(self.spec, self.grid, margin).to(self.device)
+        self.cache = KVCache(self.gpt, rows, cond + T + margin, self.dtype, self.device)
+        if mask is not None:
+            self.cache.key_ok[:, :cond] = mask.bool()
+        return self._run(h)[:, :, -1]
+
+    def forward(self, tokens):
+        h = self.gpt.tok_embeddings(tokens)
+        rows = self.cache.length.shape[0]
+        return self._run(h.repeat(rows // tokens.shape[0], 1, 1))
+
+    @torch.no_grad()
+    def _run(self, h):
+        L = h.shape[1]
+        pos, mask = self.cache.begin(L)
+        logits = self.gpt(h, self.rope[pos], self.cache, mask)
+        self.cache.advance([L] * len(self.cache.host_length))
+        return logits.view(-1, self.batch, L, logits.shape[-1])
+
+    def rollback(self, n):
+        branches = len(self.cache.host_length) // len(n)
+        self.cache.advance([-k for k in n] * branches)
+
+    def cache_lengths(self):
+        return self.cache.length[: self.batch] - self.spec.cond_tokens
+
+    def token_vectors(self):
+        if self.codebook is None:
+            return None
+        return torch.arange(self.codebook.shape[0]), self.codebook
+
+    def release(self):
+        self.cache = None
+
+
+RESOLUTIONS = (256, 384, 512)
+DEFAULT_RESOLUTION = {"c2i": 384, "t2i": 512}  # the reference sampling scripts
+
+
+def load_gpt(path, device="cpu", dtype=torch.float32) -> LlamaGenGPT:
+    """A LlamaGen GPT from ``.pt`` (any wrapper) or ``.safetensors``."""
+    sd = state_dict(load_file(path))
+    try:
+        spec = GPTSpec.from_state_dict(sd)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from err
+    gpt = LlamaGenGPT(spec)
+    sd = {k: v for k, v in sd.items() if k != "freqs_cis"}  # recomputed, never loaded
+    missing, unexpected = gpt.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not fit {spec.name}: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
+    return gpt.to(device=device, dtype=dtype).eval()
+
+
+def load(model_path, vq_path=None, text_encoder_path=None, resolution: int | None = None,
+         device="cpu", dtype=torch.float32):
+    """A :class:`~.base.LoadedModel` for a LlamaGen GPT, its VQ tokenizer (for
+    images and LANTERN/VVS neighbourhoods) and, for t2i, a T5 folder."""
+    from ..decoders.vq16 import VQ16Decoder
+    from .base import LoadedModel
+
+    gpt = load_gpt(model_path, device, dtype)
+    spec = gpt.spec
+    vq = VQ16Decoder.load(vq_path, device=device, dtype=dtype) if vq_path else None
+    if vq is not None and vq.spec.codebook_size != spec.vocab_size:
+        raise CheckpointError(f"{vq_path}: codebook of {vq.spec.codebook_size} codes does not match the "
+                              f"GPT's {spec.vocab_size}-token vocabulary ({model_path})")
+    text = None
+    if spec.kind == "t2i" and text_encoder_path:
+        from .t5 import T5TextEncoder
+
+        text = T5TextEncoder(text_encoder_path, device=device, dtype=dtype)
+        if text.dim != spec.caption_dim:
+            raise CheckpointError(f"{text_encoder_path}: T5 width {text.dim} does not match the GPT's caption "
+                                  f"projection input {spec.caption_dim} (flan-t5-xl)")
+    codebook = vq.codebook() if vq is not None else None
+
+    def build(res: int) -> LoadedModel:
+        ds = vq.spec.downsample if vq is not None else DOWNSAMPLE
+        if res % ds:
+            raise ValueError(f"resolution must be a multiple of {ds} for this tokenizer (got {res})")
+        grid = res // ds
+        adapter = LlamaGenAdapter(gpt, grid, codebook, text)
+        return LoadedModel(
+            family="llamagen", name=spec.name, adapter=adapter,
+            decode=vq.decode if vq is not None else None,
+            condition="class" if spec.kind == "c2i" else "text",
+            resolutions=RESOLUTIONS, resize=build,
+            info={"resolution": res, "grid": grid, "spec": spec, "vq": vq.source if vq else None},
+        )
+
+    if resolution is None:
+        ds = vq.spec.downsample if vq is not None else DOWNSAMPLE
+        resolution = spec.grid * ds if spec.grid else DEFAULT_RESOLUTION[spec.kind]
+    return build(resolution)

@@ -1,0 +1,54 @@
+"""The T5 text encoder LlamaGen's text-conditional models read (flan-t5-xl).
+
+Loaded through transformers from a local folder (``T5EncoderModel`` and its
+tokenizer).  Prompts are tokenized to 120 tokens (padding to the maximum length,
+truncation, special tokens), encoded, and then *left*-padded as LlamaGen's
+sampler does: the valid rows move to the end and padded rows are zeroed.  The
+reference also runs a caption cleaner (URLs, HTML, special characters) from
+PixArt; here prompts are only lower-cased and stripped, which is what that
+cleaner does to plain prompts.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+
+class T5TextEncoder:
+    def __init__(self, folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
+        folder = pathlib.Path(folder)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder}: no T5 model folder (config.json missing); expected a local copy "
+                                    "of google/flan-t5-xl")
+        from transformers import AutoTokenizer, T5EncoderModel
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        model = T5EncoderModel.from_pretrained(str(folder), local_files_only=True)
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.device = torch.device(device)
+        self.source = str(folder)
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.d_model
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str], max_length: int = 120) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features [B, max_length, d_model], mask [B, max_length])``, left-padded."""
+        text = [p.lower().strip() for p in prompts]
+        tok = self.tokenizer(text, max_length=max_length, padding="max_length", truncation=True,
+                             add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+        ids, mask = tok.input_ids.to(self.device), tok.attention_mask.to(self.device)
+        feats = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        return left_pad(feats, mask)
+
+
+def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move each row's valid (right-padded) tokens to the end; zero the padding."""
+    n = feats.shape[1]
+    valid = mask.sum(1, keepdim=True)
+    idx = (torch.arange(n, device=feats.device).unsqueeze(0) + valid) % n  # rotate left by `valid`
+    out = feats.gather(1, idx.unsqueeze(-1).expand_as(feats))
+    new_mask = mask.flip(-1)
+    return out * new_mask.unsqueeze(-1).to(out.dtype), new_mask
