@@ -107,7 +107,8 @@ class VQSpec:
 
     @classmethod
     def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> "VQSpec":
-        need = ("quantize.embedding.weight", "post_quant_conv.weight", "decoder.conv_in.weight", "decoder.conv_out.weight")
+        need = ("quantize.embedding.weight", "post_quant_conv.weight", "decoder.conv_in.weight",
+                "decoder.conv_out.weight")
         missing = [k for k in need if k not in sd]
         if missing:
             raise CheckpointError(f"not a LlamaGen VQ tokenizer: missing {missing}")

@@ -27,7 +27,8 @@ def load_file(path: str | pathlib.Path) -> dict:
 
         return load_safetensors(str(path))
     if path.suffix not in TORCH_SUFFIXES:
-        raise CheckpointError(f"{path}: expected a .safetensors file or a torch checkpoint ({', '.join(TORCH_SUFFIXES)})")
+        kinds = ", ".join(TORCH_SUFFIXES)
+        raise CheckpointError(f"{path}: expected a .safetensors file or a torch checkpoint ({kinds})")
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)

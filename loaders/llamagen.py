@@ -17,7 +17,6 @@ reference sampling scripts' resolution (c2i 384 px, t2i 512 px) and can be set.
 from __future__ import annotations
 
 import math
-import pathlib
 import re
 from dataclasses import dataclass
 
