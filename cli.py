@@ -58,6 +58,73 @@ def _demo(args) -> int:
     return 0
 
 
+def _config_args(ap: argparse.ArgumentParser):
+    """One option per decoding setting (``--group-size``, ``--lantern-delta``, ...)."""
+    import dataclasses
+
+    from .sampling.config import DecodeConfig
+
+    group = ap.add_argument_group("decoding settings (defaults: the mode's and the model family's)")
+    for f in dataclasses.fields(DecodeConfig):
+        if f.name == "mode":
+            continue
+        kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], float)
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
+                           help=f"default: {f.default}")
+
+
+def _render(args) -> int:
+    import dataclasses
+
+    import torch
+    from PIL import Image
+
+    from .loaders.checkpoints import CheckpointError
+    from .loaders.detect import load_model
+    from .sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+        args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
+    names = {f.name for f in dataclasses.fields(DecodeConfig)} - {"mode"}
+    settings = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    try:
+        config = DecodeConfig(mode=args.mode, **settings).validate()
+        model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, dtype)
+        if args.resolution and args.resolution != model.resolution:
+            raise ConfigError(f"resolution must be one of {list(model.resolutions)} for {model.name} "
+                              f"(got {args.resolution})")
+        if model.condition == "class":
+            if args.class_id is None:
+                raise ConfigError(f"{model.name} is class-conditional: give --class-id")
+            conditions = [args.class_id] * args.batch
+        else:
+            if args.prompt is None:
+                raise ConfigError(f"{model.name} is text-conditional: give --prompt")
+            conditions = [args.prompt] * args.batch
+        if model.decode is None:
+            raise ConfigError(f"{model.name} needs its VQ decoder to make images: give --vq")
+        decoder = SpeculativeDecoder(model.adapter, config)
+        result = decoder.generate(conditions, seeds=args.seed)
+    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    images = model.decode(result.image_tokens(model.adapter.layout))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, img in enumerate(images):
+        name = out / f"{args.mode}_{args.seed + i}.png"
+        Image.fromarray((img.permute(1, 2, 0).cpu().numpy() * 255).round().astype("uint8")).save(name)
+        files.append(str(name))
+    report = {"model": model.name, "family": model.family, "resolution": model.resolution, "device": device,
+              "dtype": str(dtype), "images": files, "reports": [r.to_dict() for r in result.reports]}
+    (out / f"{args.mode}_{args.seed}.json").write_text(json.dumps(report, indent=1))
+    print(result.reports[0].summary())
+    print(f"wrote {', '.join(files)} and {out / f'{args.mode}_{args.seed}.json'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="spec-ar", description="Speculative decoding for autoregressive image models.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -67,6 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--window", type=int, default=16)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(run=_demo)
+    render = sub.add_parser("render", help="render images with a model file or folder (the family is detected)")
+    render.add_argument("--model", required=True, help="checkpoint file or model folder")
+    render.add_argument("--vq", help="VQ tokenizer file (LlamaGen; found beside the GPT if there is one)")
+    render.add_argument("--text-encoder", help="T5 folder (LlamaGen text-to-image: a copy of google/flan-t5-xl)")
+    render.add_argument("--prompt", help="text prompt")
+    render.add_argument("--class-id", type=int, help="class id (class-conditional models)")
+    render.add_argument("--mode", default="sjd", help="ar, sjd, gsd, lantern or vvs (default: sjd)")
+    render.add_argument("--seed", type=int, default=0)
+    render.add_argument("--batch", type=int, default=1, help="images (seeds seed, seed+1, ...)")
+    render.add_argument("--resolution", type=int, help="image size in pixels, where the family offers several")
+    render.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when present)")
+    render.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    render.add_argument("--out", default="out/render", help="output folder (default: out/render)")
+    _config_args(render)
+    render.set_defaults(run=_render)
     args = ap.parse_args(argv)
     return args.run(args)
 

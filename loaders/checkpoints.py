@@ -31,12 +31,15 @@ def load_file(path: str | pathlib.Path) -> dict:
         raise CheckpointError(f"{path}: expected a .safetensors file or a torch checkpoint ({kinds})")
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # mmap needs the zip format; old files are read whole
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - an unpicklable or corrupt file
-        raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint ({err})") from err
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as err:  # mmap needs the zip format; older files are read whole
+                if "mmap" not in str(err):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # an unpicklable, unsafe or corrupt file
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint ({first})") from err
 
 
 def state_dict(obj, wrappers: Iterable[str] = ("model", "module", "state_dict", "ema")) -> dict[str, torch.Tensor]:

@@ -1,6 +1,7 @@
 """Tiny random-weight checkpoints written in the real on-disk formats."""
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 
@@ -45,7 +46,8 @@ def write_gpt(path: pathlib.Path, gpt: LlamaGenGPT, wrapper: str | None = "model
 
         save_file(sd, str(path))
     else:
-        torch.save(sd if wrapper is None else {wrapper: sd, "steps": 1000}, path)
+        # training checkpoints also carry their argparse arguments
+        torch.save(sd if wrapper is None else {wrapper: sd, "steps": 1000, "args": argparse.Namespace(lr=1e-4)}, path)
     return path
 
 
@@ -82,3 +84,122 @@ def write_t5(folder: pathlib.Path, d_model=32, seed=0) -> pathlib.Path:
 def write_json(path: pathlib.Path, obj) -> pathlib.Path:
     path.write_text(json.dumps(obj))
     return path
+
+
+JANUS_SPECIAL = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<|User|>", "<|Assistant|>",
+                 "<begin_of_image>", "<end_of_image>", "<image_placeholder>", "<unk>"]
+
+
+def janus_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ": a red blue green circle square cat dog in the top left on striped background".split()
+    vocab = {t: i for i, t in enumerate(JANUS_SPECIAL + words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=JANUS_SPECIAL[0], eos_token=JANUS_SPECIAL[1],
+                                   pad_token=JANUS_SPECIAL[2], unk_token="<unk>",
+                                   additional_special_tokens=JANUS_SPECIAL[3:8])
+
+
+def tiny_janus(seed=0):
+    """A tiny random JanusForConditionalGeneration (4x4 image tokens, 64 codes)."""
+    from transformers import JanusConfig, JanusForConditionalGeneration
+
+    tok = janus_tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in JANUS_SPECIAL}
+    cfg = JanusConfig(
+        text_config=dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=ids[JANUS_SPECIAL[0]],
+                         eos_token_id=ids[JANUS_SPECIAL[1]], pad_token_id=ids[JANUS_SPECIAL[2]],
+                         tie_word_embeddings=False),
+        vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, image_size=16, patch_size=4,
+                           projection_dim=32, num_image_tokens=16, mlp_ratio=2.0),
+        vq_config=dict(embed_dim=8, num_embeddings=64, latent_channels=32, base_channels=32,
+                       channel_multiplier=[1, 1], num_res_blocks=1, projection_dim=32, image_token_embed_dim=32),
+        image_token_id=ids["<image_placeholder>"], tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = JanusForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # distinct logits, so greedy choices are clear-cut
+        model.model.generation_head.vision_head.weight.mul_(40)
+        model.model.generation_embeddings.weight.mul_(20)
+    model.generation_config.bos_token_id = ids[JANUS_SPECIAL[0]]
+    model.generation_config.pad_token_id = ids[JANUS_SPECIAL[2]]
+    model.generation_config.generation_kwargs = {"boi_token_id": ids["<begin_of_image>"]}
+    return model, tok
+
+
+def write_janus(folder: pathlib.Path, model, tok) -> pathlib.Path:
+    """A converted (``model_type: janus``) folder."""
+    model.save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder
+
+
+_TO_ORIGINAL = [  # transformers names -> deepseek-ai's, the inverse of loaders/janus.py
+    (r"^model\.vision_model\.encoder\.layers\.(\d+)\.self_attn\.projection_layer", r"vision_model.vision_tower.blocks.\1.attn.proj"),
+    (r"^model\.vision_model\.encoder\.layers\.(\d+)\.layer_norm(\d)", r"vision_model.vision_tower.blocks.\1.norm\2"),
+    (r"^model\.vision_model\.encoder\.layers\.(\d+)\.", r"vision_model.vision_tower.blocks.\1."),
+    (r"^model\.vision_model\.embeddings\.patch_embedding", "vision_model.vision_tower.patch_embed.proj"),
+    (r"^model\.vision_model\.post_layernorm", "vision_model.vision_tower.norm"),
+    (r"^model\.vqmodel\.decoder\.up\.(\d+)\.block", r"gen_vision_model.decoder.conv_blocks.\1.res"),
+    (r"^model\.vqmodel\.encoder\.down\.(\d+)\.block", r"gen_vision_model.encoder.conv_blocks.\1.res"),
+    (r"^model\.vqmodel\.decoder\.up", "gen_vision_model.decoder.conv_blocks"),
+    (r"^model\.vqmodel\.encoder\.down", "gen_vision_model.encoder.conv_blocks"),
+    (r"^model\.vqmodel\.(\w+)\.mid\.block_1", r"gen_vision_model.\1.mid.0"),
+    (r"^model\.vqmodel\.(\w+)\.mid\.attn_1", r"gen_vision_model.\1.mid.1"),
+    (r"^model\.vqmodel\.(\w+)\.mid\.block_2", r"gen_vision_model.\1.mid.2"),
+    (r"^model\.vqmodel", "gen_vision_model"),
+    (r"^model\.generation_aligner\.fc1", "gen_aligner.layers.0"),
+    (r"^model\.generation_aligner\.hidden_layers\.0", "gen_aligner.layers.2"),
+    (r"^model\.aligner\.fc1", "aligner.layers.0"),
+    (r"^model\.aligner\.hidden_layers\.0", "aligner.layers.2"),
+    (r"^model\.generation_head\.proj_out", "gen_head.output_mlp_projector"),
+    (r"^model\.generation_head\.", "gen_head."),
+    (r"^model\.generation_embeddings", "gen_embed"),
+    (r"^model\.language_model\.", "language_model.model."),
+    (r"^lm_head\.weight", "language_model.lm_head.weight"),
+]
+
+
+def write_original_janus(folder: pathlib.Path, model, tok) -> pathlib.Path:
+    """The same weights as deepseek-ai ships them: ``model_type: multi_modality``,
+    original key names, fused vision ``qkv``, ``pytorch_model.bin``."""
+    import re
+
+    folder.mkdir(parents=True, exist_ok=True)
+    sd, fused = {}, {}
+    for key, value in model.state_dict().items():
+        if key == "model.vision_model.embeddings.position_embedding.weight":
+            sd["vision_model.vision_tower.pos_embed"] = value.unsqueeze(0)
+            continue
+        m = re.match(r"model\.vision_model\.encoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)", key)
+        if m:
+            fused.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = value
+            continue
+        for pattern, repl in _TO_ORIGINAL:
+            key = re.sub(pattern, repl, key)
+        sd[key] = value
+    for (layer, kind), parts in fused.items():
+        sd[f"vision_model.vision_tower.blocks.{layer}.attn.qkv.{kind}"] = torch.cat([parts[c] for c in "qkv"])
+    torch.save(sd, folder / "pytorch_model.bin")
+    t = model.config.text_config
+    lang = {k: getattr(t, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                       "num_attention_heads", "num_key_value_heads", "hidden_act",
+                                       "max_position_embeddings", "rms_norm_eps")}
+    lang["rope_theta"] = getattr(t, "rope_theta", None) or (getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    write_json(folder / "config.json", {
+        "model_type": "multi_modality", "language_config": lang,
+        "vision_config": {"cls": "CLIPVisionTower", "model_type": "vision",
+                          "params": {"image_size": 16, "model_name": "siglip_large_patch16_384"}},
+        "aligner_config": {"cls": "MlpProjector", "model_type": "aligner",
+                           "params": {"depth": 2, "input_dim": 32, "n_embed": 32, "projector_type": "mlp_gelu"}},
+        "gen_vision_config": {"cls": "VQ-16", "model_type": "gen_vision", "params": {"image_token_size": 64, "n_embed": 8}},
+        "gen_aligner_config": {"cls": "MlpProjector", "model_type": "gen_aligner",
+                               "params": {"depth": 2, "input_dim": 8, "n_embed": 32, "projector_type": "mlp_gelu"}},
+        "gen_head_config": {"cls": "vision_head", "model_type": "gen_head",
+                            "params": {"image_token_embed": 32, "image_token_size": 64, "n_embed": 32}},
+    })
+    tok.save_pretrained(str(folder))
+    return folder

@@ -197,3 +197,16 @@ def test_mismatched_files_are_refused(files, tmp_path):
     t2i = llamagen.load(files["t2i"], files["vq"], resolution=64)  # no text encoder given
     with pytest.raises(ValueError, match="needs a T5 text encoder"):
         SpeculativeDecoder(t2i.adapter, DecodeConfig()).generate(["a cat"])
+
+
+def test_downsample_8_tokenizer_is_read_from_its_weights(tmp_path):
+    from spec_ar.decoders.vq16 import VQSpec
+
+    spec8 = VQSpec(ch=32, ch_mult=(1, 2, 2, 4), enc_blocks=2, dec_blocks=3, z_channels=32, codebook_size=256,
+                   embed_dim=8)
+    vq = VQ16Decoder.load(write_vq(tmp_path / "vq_ds8_c2i.pt", spec8))
+    assert vq.spec == spec8 and vq.spec.downsample == 8
+    assert vq.decode(torch.randint(0, 256, (1, 3, 3))).shape == (1, 3, 24, 24)
+    # the encoder reads back what the decoder is fed, through the same codebook
+    codes = vq.model.encode(torch.rand(1, 3, 24, 24) * 2 - 1)
+    assert codes.shape == (1, 3, 3) and int(codes.max()) < 256

@@ -1,0 +1,83 @@
+"""A transformers KV cache whose rows advance by different amounts.
+
+``transformers``' ``DynamicCache`` crops every row alike, but under speculative
+decoding each sample keeps its own number of window tokens.  ``RaggedCache``
+keeps one physical length for all rows and a 2D attention mask in which a
+sample's rejected positions become holes; each row's rotary positions count
+only its valid tokens, so a hole changes nothing a row attends to.  Trailing
+columns no row uses are cropped, and when holes pile up the rows are compacted
+(valid entries right-aligned, keys already carry their rotary phase).
+
+Works with transformers 4.52 to 5.x: it touches only ``cache.layers[i].keys``
+and ``.values`` and passes ``attention_mask`` (exactly past + new long) and
+``position_ids``, never ``cache_position``.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class RaggedCache:
+    def __init__(self, slack: int = 64):
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.mask: torch.Tensor | None = None  # [rows, physical] 1 = valid
+        self.valid: list[int] = []  # valid positions per row
+        self.slack = slack
+
+    @property
+    def physical(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[1]
+
+    def prefill_inputs(self, pad_mask: torch.Tensor) -> dict:
+        """Arguments for the prompt forward; ``pad_mask`` ``[rows, S]`` marks real
+        tokens (prompts left-padded)."""
+        pad_mask = pad_mask.long()
+        self._next_mask = pad_mask
+        self._added = pad_mask.sum(1).tolist()
+        positions = (pad_mask.cumsum(1) - 1).clamp(min=0)
+        return {"attention_mask": pad_mask, "position_ids": positions, "past_key_values": self.cache,
+                "use_cache": True}
+
+    def step_inputs(self, L: int) -> dict:
+        """Arguments for a forward of ``L`` new tokens per row."""
+        device = self.mask.device
+        ones = torch.ones(self.mask.shape[0], L, dtype=self.mask.dtype, device=device)
+        self._next_mask = torch.cat([self.mask, ones], 1)
+        self._added = [L] * len(self.valid)
+        positions = torch.tensor(self.valid, device=device).unsqueeze(1) + torch.arange(L, device=device)
+        return {"attention_mask": self._next_mask, "position_ids": positions, "past_key_values": self.cache,
+                "use_cache": True}
+
+    def commit(self):
+        """After the forward: the new tokens are in the cache."""
+        self.mask = self._next_mask
+        self.valid = [v + a for v, a in zip(self.valid or [0] * len(self._added), self._added)]
+
+    def rollback(self, n: list[int]):
+        """Drop the last ``n[row]`` valid positions of each row."""
+        if not any(n):
+            return
+        P = self.physical
+        drop = torch.tensor(n, device=self.mask.device).unsqueeze(1)
+        cols = torch.arange(P, device=self.mask.device)
+        self.mask = self.mask * (cols < P - drop)  # the last window's columns of that row
+        self.valid = [v - k for v, k in zip(self.valid, n)]
+        self._crop(P - min(n))
+        if self.physical - max(self.valid) > self.slack:
+            self._compact()
+
+    def _crop(self, length: int):
+        if length < self.physical:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+            self.mask = self.mask[:, :length]
+
+    def _compact(self):
+        width = max(self.valid)
+        order = torch.argsort(self.mask, dim=1, stable=True)[:, -width:]  # holes first, valid last
+        for layer in self.cache.layers:
+            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+        self.mask = self.mask.gather(1, order)
