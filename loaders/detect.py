@@ -10,6 +10,7 @@ import torch
 from .checkpoints import CheckpointError, peek
 
 REQUIREMENTS = {
+    "embedded": "the word 'embedded' or the embedded model's folder (config.json with format 'spec_ar-embedded')",
     "llamagen": "a LlamaGen GPT file (.pt/.pth/.safetensors holding tok_embeddings.weight and "
                 "layers.N.attention.wqkv.weight), with its VQ tokenizer file (vq_ds16_*.pt) beside or given",
     "janus": "a Janus / Janus-Pro folder: config.json with model_type 'janus' (converted) or 'multi_modality' "
@@ -41,9 +42,15 @@ def classify_file(path: pathlib.Path) -> Detected | None:
 
 def detect(path: str | pathlib.Path) -> Detected:
     """The family of ``path``; one clear error listing what was found otherwise."""
+    from . import embedded
+
+    if str(path) == "embedded":
+        return Detected("embedded", embedded.FOLDER)
     path = pathlib.Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or folder")
+    if path.is_dir() and embedded.is_embedded(path):
+        return Detected("embedded", path)
     found = ""
     if path.is_dir():
         config = path / "config.json"
@@ -99,6 +106,10 @@ def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", 
 
         vq = vq or find_vq(hit.path)
         return llamagen.load(hit.path, vq, text_encoder, resolution, device, dtype)
+    if hit.family == "embedded":
+        from . import embedded
+
+        return embedded.load(hit.path, device, dtype)
     from . import janus
 
     return janus.load(hit.path, device, dtype)

@@ -174,6 +174,29 @@ class LlamaGenGPT(nn.Module):
             h = layer(h, rope, cache, i, mask)
         return self.output(self.norm(h)).float()
 
+    def sequence_logits(self, cond_h: torch.Tensor, tokens: torch.Tensor, grid: int,
+                        cond_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced logits ``[N, T, vocab]`` of a whole image (training and
+        scoring): row ``t`` predicts image token ``t`` from the condition
+        ``cond_h`` ``[N, C, dim]`` and ``tokens[:, :t]``."""
+        n, c = cond_h.shape[:2]
+        h = torch.cat([cond_h, self.tok_embeddings(tokens[:, :-1])], 1)
+        s = h.shape[1]
+        rope = rope_table(self.spec, grid, 0).to(h.device)[:s].expand(n, -1, -1, -1)
+        allowed = torch.ones(s, s, dtype=torch.bool, device=h.device).tril().repeat(n, 1, 1)
+        if cond_mask is not None:  # padded condition keys are invisible; each row sees itself
+            allowed[:, :, :c] &= cond_mask.bool()[:, None, :]
+            allowed |= torch.eye(s, dtype=torch.bool, device=h.device)
+        return self(h, rope, _WholeSequence(), allowed.unsqueeze(1))[:, c - 1:]
+
+
+class _WholeSequence:
+    """Stands in for the KV cache when a forward sees the whole sequence."""
+
+    @staticmethod
+    def write(layer, k, v):
+        return k, v
+
 
 def rope_table(spec: GPTSpec, grid: int, extra: int) -> torch.Tensor:
     """``[cond + positions, head_dim / 2, 2]`` (cos, sin): zero rows for the
@@ -278,6 +301,8 @@ class LlamaGenAdapter(ImageAdapter):
             if self.text_encoder is None:
                 raise ValueError("this text-conditional LlamaGen model needs a T5 text encoder "
                                  "(a local copy of google/flan-t5-xl)")
+            if hasattr(self.text_encoder, "check"):  # a closed vocabulary reports unknown words
+                self.text_encoder.check(conditions)
 
     def _condition_embeddings(self, conditions, guided):
         s, emb = self.spec, self.gpt.cls_embedding

@@ -217,6 +217,21 @@ class SpeculativeDecoder:
         finally:
             self.adapter.release()
 
+    @torch.no_grad()
+    def target_probabilities(self, conditions: Sequence, tokens: torch.Tensor, negatives=None,
+                             reduce=lambda p: p.amax(-1)) -> torch.Tensor:
+        """The verified distribution at every position of given streams (one
+        forward over the whole stream), reduced per position by ``reduce``
+        (default: its top-1 probability).  ``tokens``: ``[B, length]``."""
+        ad = self.adapter
+        B, T = tokens.shape
+        first = self.pipeline(ad.prefill(list(conditions), negatives, self.guided).unsqueeze(2),
+                              torch.zeros(B, 1, dtype=torch.long, device=ad.device))
+        pos = torch.arange(1, T, device=ad.device).expand(B, -1)
+        rest = self.pipeline(ad.forward(tokens[:, :-1].to(ad.device)), pos)
+        ad.release()
+        return torch.cat([reduce(first), reduce(rest)], 1)
+
     # -- the loop -----------------------------------------------------------
     def _run(self, conditions, negatives, seeds, callback):
         ad = self.adapter

@@ -108,3 +108,16 @@ def test_half_precision_models(dtype):
     for mode in ("sjd", "gsd", "lantern", "vvs"):
         res = SpeculativeDecoder(model, DecodeConfig(mode=mode, window=4, lantern_k=8)).generate([0, 1], seeds=3)
         assert res.tokens.shape == (2, 16) and res.reports[0].nfe <= 16
+
+
+def test_target_probabilities_score_a_stream_in_one_forward(model):
+    dec = SpeculativeDecoder(model, DecodeConfig(mode="ar", top_k=50))
+    res = dec.generate([0, 1], seeds=3)
+    chosen = dec.target_probabilities([0, 1], res.tokens,
+                                      reduce=lambda p: p)  # full rows [B, T, V]
+    picked = chosen.gather(-1, res.tokens.unsqueeze(-1)).squeeze(-1)
+    assert (picked > 0).all(), "every sampled token has mass under its own distribution"
+    forced = model.layout.forced >= 0
+    assert torch.allclose(picked[:, forced], torch.ones_like(picked[:, forced]))
+    top1 = dec.target_probabilities([0, 1], res.tokens)
+    assert top1.shape == res.tokens.shape and bool((top1 >= picked - 1e-6).all())

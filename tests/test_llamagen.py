@@ -210,3 +210,14 @@ def test_downsample_8_tokenizer_is_read_from_its_weights(tmp_path):
     # the encoder reads back what the decoder is fed, through the same codebook
     codes = vq.model.encode(torch.rand(1, 3, 24, 24) * 2 - 1)
     assert codes.shape == (1, 3, 3) and int(codes.max()) < 256
+
+
+def test_whole_sequence_scoring_equals_the_cached_path(files):
+    gpt = files["c2i_gpt"]
+    seq = torch.randint(0, 1024, (2, 16), generator=torch.Generator().manual_seed(4))
+    ad = LlamaGenAdapter(gpt, grid=4)
+    cached = torch.cat([ad.prefill([3, 7], None, False).unsqueeze(2), ad.forward(seq[:, :15])], 2)[0]
+    with torch.no_grad():
+        cond = gpt.cls_embedding.embedding_table(torch.tensor([3, 7])).unsqueeze(1)
+        whole = gpt.sequence_logits(cond, seq, grid=4)
+    torch.testing.assert_close(whole, cached, atol=2e-4, rtol=1e-4)

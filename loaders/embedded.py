@@ -1,0 +1,56 @@
+"""The small text-to-image model that ships with the pack (``embedded/weights``).
+
+It is a LlamaGen text-to-image GPT and a LlamaGen VQ tokenizer in a small
+configuration, with a word-level text encoder in place of flan-t5-xl, so it runs
+through the same loader, adapter and decoder code as the real checkpoints.
+``--model embedded`` (or the weights folder) selects it.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import torch
+
+from .checkpoints import CheckpointError
+
+FOLDER = pathlib.Path(__file__).resolve().parent.parent / "embedded" / "weights"
+FORMAT = "spec_ar-embedded"
+
+
+def is_embedded(path) -> bool:
+    path = pathlib.Path(path)
+    config = path / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("format") == FORMAT
+
+
+def load(folder=FOLDER, device="cpu", dtype=torch.float32):
+    from safetensors.torch import load_file
+
+    from ..decoders.vq16 import VQ16Decoder
+    from ..embedded.text import TextEncoder
+    from ..embedded.train import Recipe, gpt_spec, vq_spec
+    from .base import LoadedModel
+    from .llamagen import LlamaGenAdapter, LlamaGenGPT
+
+    folder = pathlib.Path(folder)
+    if not is_embedded(folder):
+        raise CheckpointError(f"{folder}: no embedded model here (config.json with format {FORMAT!r}); "
+                              "build it with `spec-ar train-embedded`")
+    config = json.loads((folder / "config.json").read_text())
+    recipe = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["recipe"].items()})
+    tensors = load_file(str(folder / "model.safetensors"))
+    part = {p: {k[len(p):]: v.float() for k, v in tensors.items() if k.startswith(p)} for p in ("gpt.", "vq.", "text.")}
+    gpt = LlamaGenGPT(gpt_spec(recipe))
+    gpt.load_state_dict(part["gpt."])
+    text = TextEncoder(config["vocabulary"], dim=recipe.text_dim, layers=recipe.text_layers, max_length=recipe.words)
+    text.load_state_dict(part["text."])
+    vq = VQ16Decoder.from_state_dict(part["vq."], vq_spec(recipe), device=device, dtype=dtype, source=str(folder))
+    gpt = gpt.to(device=device, dtype=dtype).eval()
+    text = text.to(device=device).eval()
+    adapter = LlamaGenAdapter(gpt, recipe.grid, vq.codebook(), text)
+    adapter.sampling_defaults = dict(config.get("sampling_defaults", adapter.sampling_defaults))
+    return LoadedModel(family="embedded", name="embedded text-to-image (LlamaGen architecture, 64 px)",
+                       adapter=adapter, decode=vq.decode, condition="text", resolutions=(recipe.size,),
+                       info={"resolution": recipe.size, "grid": recipe.grid, "folder": str(folder),
+                             "vocabulary": config["vocabulary"]})
