@@ -25,6 +25,18 @@ def _train_embedded(args) -> int:
     return train(args.rest)
 
 
+def _bench(args) -> int:
+    from .bench.run import main as bench
+
+    return bench(args.rest)
+
+
+def _evaluate(args) -> int:
+    from .embedded.evaluate import main as evaluate
+
+    return evaluate(args.rest)
+
+
 def _config_args(ap: argparse.ArgumentParser):
     """One option per decoding setting (``--group-size``, ``--lantern-delta``, ...)."""
     import dataclasses
@@ -103,6 +115,14 @@ def main(argv: list[str] | None = None) -> int:
                            add_help=False)
     train.add_argument("rest", nargs=argparse.REMAINDER)
     train.set_defaults(run=_train_embedded)
+    ev = sub.add_parser("evaluate", help="prompt adherence and Frechet distance of the embedded model per mode",
+                        add_help=False)
+    ev.add_argument("rest", nargs=argparse.REMAINDER)
+    ev.set_defaults(run=_evaluate)
+    bench = sub.add_parser("bench", help="every mode and setting side by side: speed, quality, charts",
+                           add_help=False)
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(run=_bench)
     render = sub.add_parser("render", help="render images with a model file or folder (the family is detected)")
     render.add_argument("--model", required=True, help="checkpoint file or model folder")
     render.add_argument("--vq", help="VQ tokenizer file (LlamaGen; found beside the GPT if there is one)")

@@ -362,8 +362,10 @@ def _to_uint8(image: np.ndarray) -> np.ndarray:
     return (image * 255 + 0.5).astype(np.uint8)
 
 
-def render_batch(scenes: Sequence[Scene], seeds: Sequence[int], size: int = 64) -> np.ndarray:
+def render_batch(scenes: Sequence[Scene], seeds: Sequence[int], size: int = 64, coverage: bool = False):
     """Images [n, size, size, 3] uint8; image i equals ``render(scenes[i], seeds[i], size)``.
+    With ``coverage=True`` also the object's anti-aliased coverage [n, size, size]
+    in [0, 1] (training weighs the object's pixels with it).
 
     Chunks are rendered on a few threads: numpy releases the GIL in its array
     loops, so this nearly halves the time on two cores.
@@ -371,14 +373,16 @@ def render_batch(scenes: Sequence[Scene], seeds: Sequence[int], size: int = 64) 
     if len(scenes) != len(seeds):
         raise ValueError(f"{len(scenes)} scenes but {len(seeds)} seeds")
     out = np.empty((len(scenes), size, size, 3), np.uint8)
+    cover = np.empty((len(scenes), size, size), np.float32)
 
     def fill(start: int) -> None:
         stop = start + _CHUNK
-        out[start:stop] = _to_uint8(_render_layers(scenes[start:stop], seeds[start:stop], size)[0])
+        image, cover[start:stop] = _render_layers(scenes[start:stop], seeds[start:stop], size)
+        out[start:stop] = _to_uint8(image)
 
     with ThreadPoolExecutor(max_workers=_THREADS) as pool:
         list(pool.map(fill, range(0, len(scenes), _CHUNK)))
-    return out
+    return (out, cover) if coverage else out
 
 
 def render(scene: Scene, seed: int, size: int = 64) -> np.ndarray:
@@ -386,11 +390,15 @@ def render(scene: Scene, seed: int, size: int = 64) -> np.ndarray:
     return render_batch([scene], [seed], size)[0]
 
 
-def make_dataset(n: int, seed: int, size: int = 64,
-                 drop: float = 0.0) -> tuple[np.ndarray, list[Scene], list[str]]:
-    """``n`` random scenes with their images and captions, reproducible from ``seed``."""
+def make_dataset(n: int, seed: int, size: int = 64, drop: float = 0.0, coverage: bool = False):
+    """``n`` random scenes with their images and captions, reproducible from
+    ``seed``: ``(images, scenes, captions)``, plus the object coverage maps last
+    when ``coverage=True``."""
     rng = np.random.default_rng(seed)
     scenes = [sample_scene(rng) for _ in range(n)]
     image_seeds = rng.integers(0, 2**63 - 1, size=n)
     captions = [caption(scene, rng, drop) for scene in scenes]
+    if coverage:
+        images, cover = render_batch(scenes, image_seeds, size, coverage=True)
+        return images, scenes, captions, cover
     return render_batch(scenes, image_seeds, size), scenes, captions

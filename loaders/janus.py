@@ -221,6 +221,12 @@ class JanusAdapter(ImageAdapter):
         book = self.model.model.vqmodel.quantize.embedding.weight.detach().float()
         return torch.arange(book.shape[0]), torch.nn.functional.normalize(book, dim=-1)
 
+    def cache_bytes(self):
+        if self.cache is None:
+            return None
+        return sum(t.numel() * t.element_size() for layer in self.cache.cache.layers
+                   for t in (layer.keys, layer.values) if t is not None)
+
     def release(self):
         self.cache = None
 

@@ -358,6 +358,11 @@ class LlamaGenAdapter(ImageAdapter):
             return None
         return torch.arange(self.codebook.shape[0]), self.codebook
 
+    def cache_bytes(self):
+        if self.cache is None:
+            return None
+        return sum(t.numel() * t.element_size() for t in self.cache.k + self.cache.v)
+
     def release(self):
         self.cache = None
 

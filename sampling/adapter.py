@@ -119,5 +119,9 @@ class ImageAdapter:
         """Image positions currently cached per sample (for invariant checks)."""
         return None
 
+    def cache_bytes(self) -> int | None:
+        """Bytes held by the KV cache now (for memory reports), if known."""
+        return None
+
     def release(self) -> None:
         """Free per-generation state (KV caches)."""

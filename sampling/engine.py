@@ -274,7 +274,15 @@ class SpeculativeDecoder:
             self._notify(callback, st)
 
         timer.stop()
-        return DecodeResult(st.seq[:, :T].clone(), self._reports(st, timer))
+        memory = self._memory_mb(st, timer)
+        return DecodeResult(st.seq[:, :T].clone(), self._reports(st, timer, memory))
+
+    def _memory_mb(self, st: _State, timer: "_Timer") -> float:
+        if timer.cuda:
+            return torch.cuda.max_memory_allocated(self.adapter.device) / 2**20
+        tensors = [st.seq, st.ring] + list(st.buffers.values())
+        own = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return (own + (self.adapter.cache_bytes() or 0)) / 2**20
 
     def _forward(self, st, tokens, timer):
         ad = self.adapter
@@ -407,7 +415,7 @@ class SpeculativeDecoder:
                 tokens=st.seq,
             ))
 
-    def _reports(self, st: _State, timer: "_Timer") -> list[DecodeReport]:
+    def _reports(self, st: _State, timer: "_Timer", memory_mb: float) -> list[DecodeReport]:
         """Origins, counts and histograms, rebuilt from the step log."""
         B, T = st.batch, st.length
         device = st.seq.device
@@ -443,7 +451,7 @@ class SpeculativeDecoder:
                 skipped_verifications=skipped[b], unverified_tokens=unverified[b], origins=origins[b],
                 steps=steps, latency_s=timer.total, model_time_s=timer.model_total,
                 engine_time_s=timer.total - timer.model_total, batch_size=B,
-                device=str(self.adapter.device), settings=settings,
+                device=str(self.adapter.device), memory_mb=memory_mb, settings=settings,
             )
             for b in range(B)
         ]
@@ -473,6 +481,7 @@ class _Timer:
     def start(self):
         if self.cuda:
             torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         self.t0 = time.perf_counter()
 
     def stop(self):

@@ -38,6 +38,7 @@ class DecodeReport:
     engine_time_s: float
     batch_size: int
     device: str
+    memory_mb: float  # engine state and KV cache at the end (CPU); peak allocated during decoding (CUDA)
     settings: dict = field(default_factory=dict)
 
     def origin_counts(self) -> dict[str, int]:

@@ -1,0 +1,199 @@
+"""``spec-ar bench``: modes and settings side by side, on one model and prompt list.
+
+    spec-ar bench [--model embedded] [--modes ar sjd gsd lantern vvs] [--sweep gsd:G=1,3,10,25,50,100 ...]
+                  [--seeds 0 1] [--repeats 3] [--quality-images 200] [--scaling] [--out out/bench]
+
+Per mode and setting: forward passes (NFE), tokens per forward, mean accepted
+length, latency per image at batch 1 (device-synchronised; median and spread
+over prompts, seeds and repeats), speed-up against ``ar`` measured in the same
+run, the share of time outside model forwards, peak memory, and quality: on the
+embedded model the judge's prompt adherence and a Frechet distance to real
+renders next to its noise floor (two ``ar`` runs with different seeds).
+``--scaling`` adds forward passes and latency against the number of image tokens
+(a synthetic model at several grids) and images per second against batch size.
+Writes ``results.json``, ``report.md`` and PNG charts into ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from ..sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+from .sweeps import parse_sweep
+
+PAPERS = [  # the papers' headline figures, on their models
+    ("SJD (Teng et al., ICLR 2025)", "Lumina-mGPT 7B, 768 px", "2.22x fewer steps, 2.04x latency, FID 30.85 vs 30.76"),
+    ("GSD (So et al., ICCV 2025)", "Lumina-mGPT 7B, Parti, G=50",
+     "3.76x fewer NFE, 4.65x latency, CLIP 32.075 vs 32.091"),
+    ("LANTERN (Jang et al., ICLR 2025)", "LlamaGen-XL stage I, delta 0.4 k 1000", "MAL 2.40, 1.69x latency"),
+    ("VVS (Dong et al., 2025)", "LlamaGen-XL stage II, uniform i=2, delta 0.1", "TPF 2.86, 1.76x latency"),
+]
+
+
+def _device_sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def speed(model, config: DecodeConfig, prompts, seeds, repeats: int) -> dict:
+    """Batch-of-one runs over prompts x seeds x repeats."""
+    decoder = SpeculativeDecoder(model.adapter, config)
+    decoder.generate(prompts[:1], seeds=seeds[0])  # warm-up
+    reports = []
+    for _ in range(repeats):
+        for seed in seeds:
+            for i, prompt in enumerate(prompts):
+                reports.append(decoder.generate([prompt], seeds=seed * 1000 + i).reports[0])
+    lat = [r.latency_s for r in reports]
+    q1, q3 = np.percentile(lat, [25, 75])
+    nfe = float(np.mean([r.nfe for r in reports]))
+    return {"nfe": nfe, "tokens": reports[0].tokens, "tokens_per_forward": reports[0].tokens / nfe,
+            "mean_accepted_length": float(np.mean([r.mean_accepted_length for r in reports])),
+            "latency_median_s": statistics.median(lat), "latency_q1_s": float(q1), "latency_q3_s": float(q3),
+            "latency_min_s": min(lat), "latency_max_s": max(lat),
+            "outside_forwards": float(np.mean([r.engine_time_s / r.latency_s for r in reports])),
+            "memory_mb": max(r.memory_mb for r in reports),
+            "runs": len(reports)}
+
+
+def quality(model, judge, config: DecodeConfig, scenes_prompts, real_feats, seed: int, batch: int) -> dict:
+    from ..embedded import judge as judging
+    from ..embedded.evaluate import generate
+
+    _, prompts = scenes_prompts
+    images, _ = generate(model, config, prompts, seed, batch)
+    feats = judging.image_features(judge, images)
+    return {"adherence": judging.adherence(judge, images, prompts)["all"],
+            "fd": judging.frechet_distance(feats, real_feats), "_feats": feats}
+
+
+def scaling_tokens(modes, device, log) -> dict:
+    """NFE and latency against image tokens, on a synthetic model at several grids."""
+    from ..loaders.synthetic import SyntheticAdapter
+
+    out = {}
+    for side in (8, 16, 24, 32):
+        model = SyntheticAdapter(codebook=4096, rows=side, cols=side, hidden=128, layers=2, sharpness=2.5,
+                                 seed=0, device=device)
+        row = {}
+        for mode in modes:
+            dec = SpeculativeDecoder(model, DecodeConfig(mode=mode, lantern_k=100, top_k=500))
+            dec.generate([0], seeds=0)
+            reps = [dec.generate([c], seeds=7 + c).reports[0] for c in range(3)]
+            row[mode] = {"nfe": float(np.mean([r.nfe for r in reps])),
+                         "latency_s": statistics.median(r.latency_s for r in reps)}
+        out[side * side] = row
+        log(f"  {side * side:5d} tokens: " + "  ".join(f"{m} NFE {v['nfe']:.0f}" for m, v in row.items()))
+    return out
+
+
+def scaling_batch(model, modes, prompts, log) -> dict:
+    out = {}
+    for batch in (1, 2, 4, 8):
+        row = {}
+        for mode in modes:
+            dec = SpeculativeDecoder(model.adapter, DecodeConfig(mode=mode))
+            dec.generate(prompts[:batch], seeds=0)
+            t = time.perf_counter()
+            res = dec.generate((prompts * 8)[:batch], seeds=1)
+            _device_sync(model.adapter.device)
+            row[mode] = {"images_per_s": batch / (time.perf_counter() - t),
+                         "nfe": float(np.mean([r.nfe for r in res.reports]))}
+        out[batch] = row
+        log(f"  batch {batch}: " + "  ".join(f"{m} {v['images_per_s']:.2f} img/s" for m, v in row.items()))
+    return out
+
+
+def run(args, log=print) -> dict:
+    from ..loaders.detect import load_model
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    model = load_model(args.model, device=device, dtype=dtype)
+    prompts = [p.strip() for p in pathlib.Path(args.prompts).read_text().splitlines() if p.strip()]
+    runs = [(m, DecodeConfig(mode=m)) for m in args.modes]
+    for spec in args.sweep:
+        runs += parse_sweep(spec)
+    if not any(label == "ar" for label, _ in runs):
+        runs.insert(0, ("ar", DecodeConfig(mode="ar")))
+    log(f"{model.name} on {device} ({dtype}); {len(prompts)} prompts x seeds {args.seeds} x {args.repeats} "
+        f"repeats; {len(runs)} settings")
+    results = {"model": model.name, "device": device, "dtype": str(dtype), "torch": torch.__version__,
+               "threads": torch.get_num_threads(), "prompts": prompts, "seeds": args.seeds, "repeats": args.repeats,
+               "command": " ".join(sys.argv), "runs": {}}
+    judge = real = None
+    if model.family == "embedded" and args.quality_images:
+        from ..embedded import domain, judge as judging
+        from ..embedded.evaluate import scenes_and_prompts
+        from ..loaders import embedded
+
+        judge = judging.load_judge(embedded.FOLDER / "judge.safetensors")
+        sp = scenes_and_prompts(args.quality_images, 12345)
+        real = judging.image_features(judge, domain.render_batch(sp[0], [10**6 + i for i in range(len(sp[0]))]))
+    for label, config in runs:
+        row = speed(model, config, prompts, args.seeds, args.repeats)
+        row["settings"] = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
+        if judge is not None:
+            q = quality(model, judge, config, sp, real, seed=0, batch=args.quality_batch)
+            feats = q.pop("_feats")
+            row.update(q)
+            if label == "ar":  # noise floor: the same prompts with other seeds
+                q2 = quality(model, judge, config, sp, real, seed=10**5, batch=args.quality_batch)
+                results["noise_floor_fd"] = judging.frechet_distance(q2.pop("_feats"), feats)
+                results["ar_other_seeds"] = q2
+        results["runs"][label] = row
+        log(f"  {label:28s} NFE {row['nfe']:6.1f}  TPF {row['tokens_per_forward']:5.2f}  "
+            f"latency {row['latency_median_s'] * 1e3:7.1f} ms" +
+            (f"  adherence {row['adherence']:.1%}  FD {row['fd']:.1f}" if "fd" in row else ""))
+    ar = results["runs"]["ar"]
+    for row in results["runs"].values():
+        row["nfe_reduction"] = ar["nfe"] / row["nfe"]
+        row["speedup"] = ar["latency_median_s"] / row["latency_median_s"]
+    if args.scaling:
+        log("scaling with image tokens (synthetic model):")
+        results["scaling_tokens"] = scaling_tokens(args.modes, device, log)
+        log("scaling with batch size:")
+        results["scaling_batch"] = scaling_batch(model, args.modes, prompts, log)
+    return results
+
+
+def main(argv=None) -> int:
+    from ..embedded.demo import PROMPTS
+
+    ap = argparse.ArgumentParser(prog="spec-ar bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="embedded")
+    ap.add_argument("--prompts", default=str(PROMPTS))
+    ap.add_argument("--modes", nargs="+", default=["ar", "sjd", "gsd", "lantern", "vvs"])
+    ap.add_argument("--sweep", nargs="*", default=[], help="e.g. gsd:G=1,3,10,25,50,100 lantern:delta=0.1,0.2,0.4")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quality-images", type=int, default=200)
+    ap.add_argument("--quality-batch", type=int, default=50)
+    ap.add_argument("--scaling", action="store_true")
+    ap.add_argument("--device")
+    ap.add_argument("--out", default="out/bench")
+    args = ap.parse_args(argv)
+    try:
+        results = run(args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from .report import write
+
+    out = pathlib.Path(args.out)
+    write(results, out)
+    print(f"wrote {out / 'report.md'}, {out / 'results.json'} and charts in {out}/")
+    return 0
+
+
+def dump(results: dict, path: pathlib.Path):
+    path.write_text(json.dumps(results, indent=1, default=float))
