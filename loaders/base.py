@@ -24,6 +24,8 @@ class LoadedModel:
     resolutions: tuple[int, ...] = ()
     resize: Callable[[int], "LoadedModel"] | None = None
     info: dict = field(default_factory=dict)
+    #: every torch module the model runs (GPT, text encoder, VQ): what ComfyUI's memory manager moves
+    modules: dict[str, torch.nn.Module] = field(default_factory=dict)
 
     @property
     def resolution(self) -> int | None:

@@ -53,4 +53,5 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
     return LoadedModel(family="embedded", name="embedded text-to-image (LlamaGen architecture, 64 px)",
                        adapter=adapter, decode=vq.decode, condition="text", resolutions=(recipe.size,),
                        info={"resolution": recipe.size, "grid": recipe.grid, "folder": str(folder),
-                             "vocabulary": config["vocabulary"]})
+                             "vocabulary": config["vocabulary"]},
+                       modules={"gpt": gpt, "text": text, "vq": vq.model})

@@ -246,4 +246,4 @@ def load(folder, device="cpu", dtype=torch.float32):
     down = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
     return LoadedModel(family="janus", name=f"Janus ({pathlib.Path(folder).name})", adapter=adapter,
                        decode=adapter.decode, condition="text", resolutions=(side * down,),
-                       info={"resolution": side * down, "grid": side})
+                       info={"resolution": side * down, "grid": side}, modules={"janus": model})

@@ -422,6 +422,7 @@ def load(model_path, vq_path=None, text_encoder_path=None, resolution: int | Non
             condition="class" if spec.kind == "c2i" else "text",
             resolutions=RESOLUTIONS, resize=build,
             info={"resolution": res, "grid": grid, "spec": spec, "vq": vq.source if vq else None},
+            modules={"gpt": gpt, **({"vq": vq.model} if vq else {}), **({"text": text.model} if text else {})},
         )
 
     if resolution is None:

@@ -1,0 +1,182 @@
+"""What the nodes do, without ComfyUI: model listing, settings from widget values,
+accept maps, report tables and plots, prompt lists, throttled previews.
+
+Kept free of ComfyUI imports so it is tested directly; the node classes in this
+folder only translate between these functions and ComfyUI's types.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+from dataclasses import dataclass, field
+
+EMBEDDED = "embedded (ships with the pack)"
+BUILT_IN = "built-in (from the model)"
+NO_FILE = "(none: use the text box)"
+MODEL_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt", ".bin")
+#: sampler widgets -> DecodeConfig fields (the sampler's own names are the papers' symbols)
+WIDGETS = {"window": "window", "draft_init": "init", "G": "group_size", "gsd_delta": "gsd_delta",
+           "k": "lantern_k", "lantern_delta": "lantern_delta", "skip_interval": "skip_interval",
+           "skip_threshold": "skip_threshold"}
+
+
+def list_models(folders: list[str]) -> list[str]:
+    """Model files and model folders (holding a ``config.json``) under ``folders``,
+    as paths relative to their folder, sorted; what the loader combos show."""
+    found = set()
+    for base in folders:
+        base = pathlib.Path(base)
+        if not base.is_dir():
+            continue
+        for root, dirs, files in os.walk(base, followlinks=True):
+            rel = pathlib.Path(root).relative_to(base)
+            if "config.json" in files and rel != pathlib.Path("."):
+                found.add(rel.as_posix())
+                dirs[:] = []  # a model folder's own files are not separate models
+                continue
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            found.update((rel / f).as_posix() for f in files if f.lower().endswith(MODEL_SUFFIXES))
+    return sorted(found)
+
+
+def resolve_model(name: str, folders: list[str]) -> pathlib.Path:
+    """The file or folder a combo entry names; a clear error if it is gone."""
+    for base in folders:
+        path = pathlib.Path(base) / name
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"model {name!r} is not in the spec_ar model folder(s) {folders}; "
+                            "put the file or folder there and refresh the page")
+
+
+def check_choices(**given: tuple) -> bool | str:
+    """``name=(value, allowed)`` pairs -> True, or the message for the first value
+    not allowed (ComfyUI 0.3.x does not check V3 combo values itself).  Values
+    arriving over a link are unknown at validation time (None) and pass."""
+    for name, (value, allowed) in given.items():
+        if value is not None and value not in allowed:
+            return f"{name} must be one of {', '.join(map(repr, allowed))} (got {value!r})"
+    return True
+
+
+def decode_config(mode: str, family_defaults: bool, cfg: float, top_k: int, top_p: float, temperature: float,
+                  vvs_schedule: str = "uniform", **widgets):
+    """A validated :class:`DecodeConfig` from the sampler's widget values; raises
+    ``ConfigError`` naming the first bad one."""
+    from ..sampling import ConfigError, DecodeConfig
+
+    unknown = sorted(set(widgets) - set(WIDGETS))
+    if unknown:
+        raise ConfigError(f"unknown sampler input(s) {unknown}")
+    settings = {WIDGETS[k]: v for k, v in widgets.items()}
+    if mode == "vvs" and vvs_schedule != "uniform":
+        settings["schedule"] = vvs_schedule
+    if not family_defaults:
+        settings.update(cfg_scale=cfg, top_k=top_k or None, top_p=top_p, temperature=temperature)
+    return DecodeConfig(mode=mode, **settings).validate()
+
+
+def accept_map_images(reports, layout, scale: int = 8):
+    """``[B, H, W, 3]`` float images in [0, 1]: how each token was obtained, in
+    raster order (structural columns included)."""
+    import numpy as np
+    import torch
+
+    from ..sampling.report import accept_map
+
+    maps = [accept_map(r.origins, layout.row_stride, scale) for r in reports]
+    return torch.from_numpy(np.stack(maps).astype(np.float32) / 255.0)
+
+
+def report_row(report, label: str = "", prompt: str = "") -> dict:
+    """One report as the flat record the report nodes tabulate and plot."""
+    return {"label": label or report.mode, "prompt": prompt, "mode": report.mode, "seed": report.seed,
+            "tokens": report.tokens, "nfe": report.nfe, "tokens_per_forward": report.tokens_per_forward,
+            "mean_accepted_length": report.mean_accepted_length, "latency_s": report.latency_s,
+            "batch_size": report.batch_size, "skipped": report.skipped_verifications}
+
+
+def table(rows: list[dict]) -> str:
+    """A markdown table of report rows (one per image), with the speed-up against
+    the mean ``ar`` latency when an ``ar`` row is present."""
+    if not rows:
+        return "(no reports)"
+    ar = [r["latency_s"] for r in rows if r["mode"] == "ar"]
+    base = sum(ar) / len(ar) if ar else None
+    head = "| run | prompt | mode | seed | NFE | tokens/forward | MAL | latency s | speed-up vs ar |"
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        speed = f"{base / r['latency_s']:.2f}x" if base and r["latency_s"] > 0 else "-"
+        prompt = (r["prompt"][:40] + "...") if len(r["prompt"]) > 43 else r["prompt"]
+        lines.append(f"| {r['label']} | {prompt.replace('|', '/')} | {r['mode']} | {r['seed']} | {r['nfe']} | "
+                     f"{r['tokens_per_forward']:.2f} | {r['mean_accepted_length']:.2f} | {r['latency_s']:.2f} | "
+                     f"{speed} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], size=(900, 420)):
+    """NFE and latency per run, side by side: a PIL image."""
+    from PIL import Image
+
+    from ..charts import bars
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["label"], []).append(r)
+    nfe = {k: sum(r["nfe"] for r in v) / len(v) for k, v in groups.items()}
+    lat = {k: sum(r["latency_s"] for r in v) / len(v) for k, v in groups.items()}
+    half = (size[0] // 2, size[1])
+    left = bars(nfe, title="forward passes (NFE) per image", ylabel="NFE", size=half, fmt="{:.0f}")
+    right = bars(lat, title="latency per batch", ylabel="seconds", size=half, fmt="{:.2f}")
+    out = Image.new("RGB", size, "white")
+    out.paste(left, (0, 0))
+    out.paste(right, (half[0], 0))
+    return out
+
+
+def prompt_lines(text: str, file_text: str | None = None) -> list[str]:
+    """One prompt per non-empty line; ``#`` starts a comment line."""
+    lines = (file_text if file_text is not None else text).splitlines()
+    prompts = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    if not prompts:
+        raise ValueError("prompts: no prompt found (one prompt per line; lines starting with # are skipped)")
+    return prompts
+
+
+@dataclass
+class PreviewThrottle:
+    """Allows a preview only while previews have cost under ``budget`` of the time
+    so far, and not more often than every ``interval`` seconds."""
+
+    budget: float = 0.04
+    interval: float = 0.5
+    start: float = field(default_factory=time.perf_counter)
+    spent: float = 0.0
+    last: float = -1e9
+
+    def due(self) -> bool:
+        now = time.perf_counter()
+        return now - self.last >= self.interval and self.spent <= self.budget * (now - self.start)
+
+    def record(self, seconds: float) -> None:
+        self.spent += seconds
+        self.last = time.perf_counter()
+
+
+def partial_preview(decode, tokens, committed: int, layout):
+    """A PIL preview of the first image: decoded tokens, rows not yet committed greyed."""
+    import numpy as np
+    from PIL import Image
+
+    pos = layout.image_positions().to(tokens.device)
+    grid = tokens[:1, pos].view(1, *layout.grid)
+    done = int((pos < committed).sum())
+    img = decode(grid)[0].permute(1, 2, 0).float().cpu().numpy()
+    rows, cols = layout.grid
+    cell = img.shape[0] // rows
+    full_rows, part = divmod(done, cols)
+    img[(full_rows + (part > 0)) * cell:] = 0.5
+    if part:
+        img[full_rows * cell:(full_rows + 1) * cell, part * cell:] = 0.5
+    return Image.fromarray((img * 255).round().astype(np.uint8))

@@ -1,0 +1,153 @@
+"""Load AR Image Model and Load VQ Decoder."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from comfy_api.v0_0_2 import io
+
+from . import common
+
+FOLDER = "spec_ar"  # models/spec_ar, or wherever extra_model_paths.yaml points "spec_ar"
+ARModel = io.Custom("SPEC_AR_MODEL")
+VQDecoder = io.Custom("SPEC_AR_VQ")
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+DEVICES = ["auto", "cpu"]
+AUTO_VQ = "auto (built-in, or beside the model)"
+NO_TEXT_ENCODER = "auto (built-in, or none)"
+
+
+def register_folder() -> None:
+    import folder_paths
+
+    folder_paths.add_model_folder_path(FOLDER, os.path.join(folder_paths.models_dir, FOLDER))
+
+
+def folders() -> list[str]:
+    import folder_paths
+
+    try:
+        return folder_paths.get_folder_paths(FOLDER)
+    except KeyError:
+        return []
+
+
+@dataclass
+class ARModelHandle:
+    """What flows along a SPEC_AR_MODEL link: the loaded model and its ModelPatcher."""
+
+    loaded: object  # loaders.base.LoadedModel
+    patcher: object | None
+    source: str
+
+    def ready(self):
+        """Ask ComfyUI's memory manager to put the weights on the device."""
+        if self.patcher is not None:
+            import comfy.model_management as mm
+
+            mm.load_models_gpu([self.patcher], force_full_load=True)
+        return self.loaded
+
+
+@dataclass
+class VQHandle:
+    decode: object  # tokens [B, rows, cols] -> [B, 3, H, W] in [0, 1]
+    name: str
+
+
+def _device_dtype(device: str, dtype: str):
+    import torch
+
+    import comfy.model_management as mm
+
+    dev = mm.get_torch_device() if device == "auto" else torch.device("cpu")
+    if dtype == "auto":
+        dt = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    else:
+        dt = getattr(torch, dtype)
+    return dev, dt
+
+
+def _patcher(loaded, device):
+    import torch
+
+    import comfy.model_management as mm
+    import comfy.model_patcher
+
+    modules = torch.nn.ModuleDict(loaded.modules)
+    return comfy.model_patcher.ModelPatcher(modules, load_device=device, offload_device=mm.unet_offload_device())
+
+
+class LoadARImageModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        models = [common.EMBEDDED] + common.list_models(folders())
+        vqs = [AUTO_VQ] + [m for m in common.list_models(folders()) if "vq" in m.lower()]
+        texts = [NO_TEXT_ENCODER] + [m for m in common.list_models(folders()) if "t5" in m.lower()]
+        return io.Schema(
+            node_id="SpecAR_LoadModel", display_name="Load AR Image Model", category="SpeculativeAR",
+            description="Loads an autoregressive image model (LlamaGen, Janus / Janus-Pro, or the embedded demo "
+                        "model) from the spec_ar model folder. The family is detected from the files' contents.",
+            inputs=[
+                io.Combo.Input("model", options=models, default=common.EMBEDDED,
+                               tooltip="A checkpoint file or model folder in models/spec_ar (or a path set for "
+                                       "'spec_ar' in extra_model_paths.yaml), or the embedded demo model."),
+                io.Combo.Input("vq", options=vqs, default=AUTO_VQ, optional=True,
+                               tooltip="LlamaGen's VQ tokenizer file (vq_ds16_*.pt). 'auto' takes the family's "
+                                       "built-in decoder or a VQ file in the same folder as the model."),
+                io.Combo.Input("text_encoder", options=texts, default=NO_TEXT_ENCODER, optional=True,
+                               tooltip="LlamaGen text-to-image: a folder holding a copy of google/flan-t5-xl."),
+                io.Combo.Input("device", options=DEVICES, default="auto",
+                               tooltip="auto: ComfyUI's device (the GPU when present); cpu forces the CPU."),
+                io.Combo.Input("dtype", options=DTYPES, default="auto",
+                               tooltip="Weight precision. auto: bfloat16 on GPUs that support it, else float32."),
+            ],
+            outputs=[ARModel.Output(display_name="model", tooltip="The loaded model, for the sampler.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, device=None, dtype=None):
+        return common.check_choices(device=(device, DEVICES), dtype=(dtype, DTYPES))
+
+    @classmethod
+    def execute(cls, model, device, dtype, vq=AUTO_VQ, text_encoder=NO_TEXT_ENCODER):
+        from ..loaders.detect import load_model
+
+        dev, dt = _device_dtype(device, dtype)
+        path = "embedded" if model == common.EMBEDDED else str(common.resolve_model(model, folders()))
+        vq_path = None if vq in (None, AUTO_VQ) else str(common.resolve_model(vq, folders()))
+        t5 = None if text_encoder in (None, NO_TEXT_ENCODER) else str(common.resolve_model(text_encoder, folders()))
+        loaded = load_model(path, vq_path, t5, None, dev, dt)
+        return io.NodeOutput(ARModelHandle(loaded, _patcher(loaded, dev), path))
+
+
+class LoadVQDecoder(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        files = [common.BUILT_IN] + common.list_models(folders())
+        return io.Schema(
+            node_id="SpecAR_LoadVQ", display_name="Load VQ Decoder", category="SpeculativeAR",
+            description="A VQ decoder that turns image tokens into pictures: a VQ-16 tokenizer file, or the "
+                        "decoder built into a model (Janus, the embedded model, a LlamaGen model loaded with its VQ).",
+            inputs=[
+                io.Combo.Input("vq", options=files, default=common.BUILT_IN,
+                               tooltip="A VQ tokenizer file in models/spec_ar, or the connected model's own."),
+                ARModel.Input("model", optional=True, tooltip="Needed for the built-in choice."),
+            ],
+            outputs=[VQDecoder.Output(display_name="vq", tooltip="For the sampler's vq input or VQ Decode.")],
+        )
+
+    @classmethod
+    def execute(cls, vq, model=None):
+        if vq == common.BUILT_IN:
+            if model is None:
+                raise ValueError("vq: 'built-in' needs a model connected to the model input")
+            if model.loaded.decode is None:
+                raise ValueError(f"vq: {model.loaded.name} has no built-in decoder; choose a VQ file")
+            return io.NodeOutput(VQHandle(model.loaded.decode, f"{model.loaded.name} (built-in)"))
+        from ..decoders.vq16 import VQ16Decoder
+
+        path = common.resolve_model(vq, folders())
+        device = model.loaded.adapter.device if model is not None else "cpu"
+        decoder = VQ16Decoder.load(path, device=device)
+        return io.NodeOutput(VQHandle(decoder.decode, path.name))

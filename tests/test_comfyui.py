@@ -1,0 +1,226 @@
+"""The pack inside a real ComfyUI server: registration, the shipped workflows,
+prompt-list batches, bad input, interruption, and the queue client.
+
+One server for the module (start-up takes seconds); the spec_ar model folder
+holds tiny random-weight checkpoints under the names the family workflows use.
+"""
+import json
+import pathlib
+import time
+
+import pytest
+
+from . import checkpoints as ck
+from .comfyui_server import ComfyServer, error_of, locate, ui_to_api
+
+WORKFLOWS = pathlib.Path(__file__).resolve().parent.parent / "workflows"
+NODES = ["SpecAR_LoadModel", "SpecAR_LoadVQ", "SpecAR_Sampler", "SpecAR_VQDecode", "SpecAR_PromptList",
+         "SpecAR_ReportTable", "SpecAR_ReportPlot"]
+
+pytestmark = pytest.mark.skipif(isinstance(locate(), str), reason=str(locate()))
+
+
+def _family_weights(models: pathlib.Path) -> None:
+    """Tiny checkpoints in the real formats, at the paths the family workflows name."""
+    (models / "llamagen").mkdir(parents=True)
+    ck.write_gpt(models / "llamagen" / "c2i_XL_384.pt", ck.random_gpt(ck.tiny_gpt_spec("c2i", classes=1000)))
+    ck.write_vq(models / "llamagen" / "vq_ds16_c2i.pt")
+    ck.write_gpt(models / "llamagen" / "t2i_XL_stage2_512.pt",
+                 ck.random_gpt(ck.tiny_gpt_spec("t2i")))
+    ck.write_vq(models / "llamagen" / "vq_ds16_t2i.pt")
+    ck.write_t5(models / "flan-t5-xl")
+    model, tok = ck.tiny_janus()
+    ck.write_janus(models / "Janus-Pro-7B", model, tok)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("comfyui")
+    models = base / "spec_ar_models"
+    _family_weights(models)
+    with ComfyServer(base, models) as srv:
+        yield srv
+    ours = [ln for ln in srv.log_text().splitlines() if "SpeculativeAR" in ln and ("FAILED" in ln or "Cannot" in ln)]
+    assert not ours, ours
+
+
+@pytest.fixture(scope="module")
+def object_info(server):
+    return server.get("/object_info")
+
+
+def _api(name: str) -> dict:
+    return json.loads((WORKFLOWS / "api" / f"{name}.json").read_text())
+
+
+def _failure(entry: dict) -> str:
+    err = error_of(entry) or {}
+    return f"{err.get('node_type')}: {err.get('exception_message')}\n{''.join(err.get('traceback', []))[-2500:]}"
+
+
+def _outputs(entry: dict, kind: str) -> list:
+    return [item for out in entry["outputs"].values() for item in out.get(kind, [])]
+
+
+def test_pack_registers_its_nodes_with_tooltips(server, object_info):
+    assert "SpecAR_LoadModel" in object_info, server.log_text()[-3000:]
+    for node in NODES:
+        info = object_info[node]
+        assert info["category"] == "SpeculativeAR" and info["description"]
+        for section in ("required", "optional"):
+            for name, spec in info["input"].get(section, {}).items():
+                assert spec[1].get("tooltip"), f"{node}.{name} has no tooltip"
+    sampler = object_info["SpecAR_Sampler"]["input"]
+    assert sampler["required"]["G"][1]["display"] == "slider"
+    assert sampler["required"]["seed"][1]["control_after_generate"] is True
+    assert sampler["required"]["mode"][1]["options"] == ["ar", "sjd", "gsd", "lantern", "vvs"]
+    assert object_info["SpecAR_Sampler"]["output"] == ["IMAGE", "STRING", "INT", "FLOAT", "FLOAT", "IMAGE",
+                                                       "SPEC_AR_REPORT", "SPEC_AR_TOKENS"]
+    models = object_info["SpecAR_LoadModel"]["input"]["required"]["model"][1]["options"]
+    assert models[0].startswith("embedded") and "Janus-Pro-7B" in models  # the folder set in extra_model_paths
+    assert "llamagen/c2i_XL_384.pt" in models
+    assert object_info["SpecAR_PromptList"]["output_is_list"] == [True, False]
+
+
+def test_ui_and_api_workflows_agree(object_info):
+    pairs = sorted(WORKFLOWS.glob("*.json"))
+    assert len(pairs) >= 10
+    for ui_file in pairs:
+        api = json.loads((WORKFLOWS / "api" / ui_file.name).read_text())
+        converted = ui_to_api(json.loads(ui_file.read_text()), object_info)
+        strip = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in api.items()}
+        assert converted == strip, ui_file.name
+
+
+@pytest.mark.parametrize("mode", ["ar", "sjd", "gsd", "lantern", "vvs"])
+def test_text_to_image_workflow_in_every_mode(server, mode):
+    entry = server.run(_api(f"embedded_t2i_{mode}"))
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    saved = [img for img in _outputs(entry, "images") if img["type"] == "output"]
+    assert len(saved) == 1 and saved[0]["filename"].startswith(f"spec_ar_{mode}")
+    png = server.get(f"/view?filename={saved[0]['filename']}&subfolder={saved[0]['subfolder']}&type=output")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    report = "".join(_outputs(entry, "text"))
+    assert report.startswith(f"{mode}: 256 tokens in ")
+
+
+def test_prompt_list_renders_every_prompt_in_one_queue_entry(server):
+    entry = server.run(_api("embedded_prompt_list"))
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    assert len([i for i in _outputs(entry, "images") if i["type"] == "output"]) == 3
+    table = "".join(_outputs(entry, "text"))
+    assert table.count("| gsd G=10 |") == 3 and "a green triangle in the center" in table
+
+
+def test_mode_comparison_graph_tabulates_and_plots(server):
+    entry = server.run(_api("embedded_mode_comparison"))
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    table = "".join(_outputs(entry, "text"))
+    for label in ("| ar |", "| sjd |", "| gsd G=50 |", "| lantern k=300 d=0.1 |", "| vvs i=2 |"):
+        assert label in table
+    assert "1.00x" in table  # ar against itself
+
+
+@pytest.mark.parametrize("name", ["llamagen_c2i", "llamagen_t2i", "janus_pro"])
+def test_family_workflows_run_once_weights_are_in_the_model_folder(server, name):
+    entry = server.run(_api(name))
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    assert len([i for i in _outputs(entry, "images") if i["type"] == "output"]) == 1
+
+
+def test_bad_input_gets_one_clear_error_and_the_server_keeps_serving(server):
+    bad = _api("embedded_t2i_sjd")
+    sampler = next(k for k, v in bad.items() if v["class_type"] == "SpecAR_Sampler")
+    bad[sampler]["inputs"]["mode"] = "fast"
+    status, body = server.queue(bad)
+    assert status == 400 and "mode" in json.dumps(body["node_errors"])
+    bad[sampler]["inputs"].update(mode="lantern", k=2000)  # the embedded codebook has 512 codes
+    entry = server.run(bad)
+    err = error_of(entry)
+    assert entry["status"]["status_str"] == "error"
+    assert "lantern_k must be an integer in [1, 511]" in err["exception_message"]
+    assert err["node_type"] == "SpecAR_Sampler"
+    bad[sampler]["inputs"].update(k=300, prompt="a red circle floating in fog")
+    err = error_of(server.run(bad))
+    assert "fog" in err["exception_message"] and "unknown" in err["exception_message"]
+    good = server.run(_api("embedded_t2i_ar"))  # still serving
+    assert good["status"]["status_str"] == "success"
+
+
+def test_interrupt_stops_sampling_within_a_forward_pass(server):
+    slow = _api("embedded_t2i_ar")
+    sampler = next(k for k, v in slow.items() if v["class_type"] == "SpecAR_Sampler")
+    slow[sampler]["inputs"].update(batch_size=16, seed=12345)
+    status, body = server.queue(slow)
+    assert status == 200
+    time.sleep(1.5)
+    t = time.monotonic()
+    server.post("/interrupt", {})
+    entry = server.wait(body["prompt_id"], timeout=60)
+    stopped_after = time.monotonic() - t
+    kinds = [kind for kind, _ in entry["status"]["messages"]]
+    assert "execution_interrupted" in kinds and stopped_after < 10
+    again = server.run(_api("embedded_t2i_ar"))
+    assert again["status"]["status_str"] == "success"
+
+
+def test_queue_client_spreads_a_prompt_list_over_servers_and_resumes(server, tmp_path):
+    from spec_ar import queue_client
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle in the top left\n# a comment\na blue square in the center\n"
+                       "a green triangle in the bottom right\n")
+    out, lines = tmp_path / "out", []
+    with ComfyServer(tmp_path / "second", server.models) as second:
+        res = queue_client.run([server.url, second.url], str(WORKFLOWS / "api" / "embedded_t2i_gsd.json"),
+                               str(prompts), out, log=lines.append)
+    assert res["failed"] == 0 and len(res["prompts"]) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert {r["prompt"] for r in summary["prompts"]} == {"a red circle in the top left", "a blue square in the center",
+                                                         "a green triangle in the bottom right"}
+    assert {r["server"] for r in summary["prompts"]} == {server.url, second.url}
+    for row in summary["prompts"]:
+        assert len(row["files"]) == 1 and (out / row["files"][0]).read_bytes()[:4] == b"\x89PNG"
+        assert row["reports"][0]["mode"] == "gsd" and 0 < row["reports"][0]["nfe"] < 256
+        assert row["reports"][0]["latency_s"] > 0
+    assert lines[-1].endswith("3 rendered, 0 failed")
+
+    # an interrupted run: the summary lacks one prompt; the rerun renders only that one
+    summary["prompts"] = [r for r in summary["prompts"] if r["prompt"] != "a blue square in the center"]
+    (out / "summary.json").write_text(json.dumps(summary))
+    lines.clear()
+    res = queue_client.run([server.url], str(WORKFLOWS / "api" / "embedded_t2i_gsd.json"), str(prompts), out,
+                           log=lines.append)
+    assert lines[0] == f"resuming: 2 of 3 prompts already rendered in {out}"
+    assert [ln for ln in lines if ln.startswith("[")] == [
+        f"[3/3] 'a blue square in the center' -> 1 image(s) ({server.url})"]
+
+
+def test_queue_client_chunks_through_a_prompt_list(server, tmp_path):
+    from spec_ar import queue_client
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\na blue square\na green triangle\n")
+    res = queue_client.run([server.url], str(WORKFLOWS / "embedded_prompt_list.json"), str(prompts),
+                           tmp_path / "out", chunk=2, log=lambda s: None)  # the UI format, converted
+    assert res["failed"] == 0, res
+    assert [len(r["files"]) for r in res["prompts"]] == [1, 1, 1]
+    assert len({r["prompt_id"] for r in res["prompts"]}) == 2  # two queue entries
+
+
+def test_queue_client_says_what_is_wrong(server, tmp_path):
+    from spec_ar import queue_client
+    from spec_ar.queue_client import QueueError
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n")
+    workflow = WORKFLOWS / "api" / "embedded_t2i_ar.json"
+    with pytest.raises(QueueError, match=r"server http://127.0.0.1:1 is not reachable"):
+        queue_client.run(["http://127.0.0.1:1"], str(workflow), str(prompts), tmp_path / "o")
+    broken = _api("embedded_t2i_ar")
+    broken["99"] = {"class_type": "NoSuchNode", "inputs": {}}
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    with pytest.raises(QueueError, match=r"needs node\(s\) \['NoSuchNode'\] that the server lacks"):
+        queue_client.run([server.url], str(tmp_path / "broken.json"), str(prompts), tmp_path / "o")
+    with pytest.raises(QueueError, match="--prompts: .* does not exist"):
+        queue_client.run([server.url], str(workflow), str(tmp_path / "none.txt"), tmp_path / "o")

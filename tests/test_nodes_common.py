@@ -1,0 +1,94 @@
+"""The nodes' logic, outside ComfyUI: listing, settings, maps, tables, plots, prompts."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from spec_ar.nodes import common
+from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder, TokenLayout
+
+from .fakes import TabularAdapter
+
+
+def test_model_listing_shows_files_and_model_folders(tmp_path):
+    (tmp_path / "llamagen").mkdir()
+    (tmp_path / "llamagen" / "t2i_XL_stage1_256.pt").write_bytes(b"x")
+    (tmp_path / "llamagen" / "vq_ds16_t2i.pt").write_bytes(b"x")
+    janus = tmp_path / "Janus-Pro-1B"
+    janus.mkdir()
+    (janus / "config.json").write_text("{}")
+    (janus / "model.safetensors").write_bytes(b"x")  # part of the folder, not a model of its own
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "x.pt").write_bytes(b"x")
+    assert common.list_models([str(tmp_path), str(tmp_path / "missing")]) == [
+        "Janus-Pro-1B", "llamagen/t2i_XL_stage1_256.pt", "llamagen/vq_ds16_t2i.pt"]
+    assert common.resolve_model("Janus-Pro-1B", [str(tmp_path)]) == janus
+    with pytest.raises(FileNotFoundError, match="'gone.pt' is not in the spec_ar model folder"):
+        common.resolve_model("gone.pt", [str(tmp_path)])
+
+
+def test_widgets_become_a_validated_config():
+    c = common.decode_config("gsd", True, 9.0, 5, 0.5, 0.7, window=8, draft_init="sample-left", G=25,
+                             gsd_delta=0.2, k=100, lantern_delta=0.3, skip_interval=3, skip_threshold=0.6)
+    assert (c.mode, c.window, c.init, c.group_size, c.gsd_delta) == ("gsd", 8, "sample-left", 25, 0.2)
+    assert (c.lantern_k, c.lantern_delta, c.skip_interval, c.skip_threshold) == (100, 0.3, 3, 0.6)
+    assert c.cfg_scale is None and c.top_k is None  # family defaults
+    own = common.decode_config("sjd", False, 9.0, 0, 0.5, 0.7)
+    assert (own.cfg_scale, own.top_k, own.top_p, own.temperature) == (9.0, None, 0.5, 0.7)
+    assert common.decode_config("vvs", True, 1, 0, 1, 1, "similarity").verify_schedule == "similarity"
+    assert common.decode_config("gsd", True, 1, 0, 1, 1, "similarity").verify_schedule == "every"
+    with pytest.raises(ConfigError, match="mode must be one of"):
+        common.decode_config("fast", True, 1, 0, 1, 1)
+    with pytest.raises(ConfigError, match="window must be an integer in \\[1, 256\\] \\(got 0\\)"):
+        common.decode_config("sjd", True, 1, 0, 1, 1, window=0)
+
+
+def test_accept_map_and_report_rows_come_from_a_real_decode():
+    adapter = TabularAdapter(image=4, length=5, forced=(2,), seed=1)  # one row of 5, a forced token in it
+    result = SpeculativeDecoder(adapter, DecodeConfig(mode="sjd", window=4)).generate([0, 1], seeds=3)
+    maps = common.accept_map_images(result.reports, adapter.layout, scale=2)
+    assert maps.shape == (2, 2, 10, 3)
+    grey = torch.tensor([160, 160, 160]) / 255  # the forced token's colour
+    assert torch.allclose(maps[0, 0, 4], grey) and not torch.allclose(maps[0, 0, 0], grey) and maps.dtype == torch.float32 and 0 <= maps.min() and maps.max() <= 1
+    rows = [common.report_row(r, "sjd w=4", "p") for r in result.reports]
+    assert [r["nfe"] for r in rows] == [r.nfe for r in result.reports] and rows[0]["seed"] == 3
+    table = common.table(rows + [dict(rows[0], mode="ar", label="ar", latency_s=rows[0]["latency_s"] * 2)])
+    assert table.count("\n") == 4 and "| sjd w=4 | p | sjd | 3 |" in table and "2.00x" in table
+    img = common.plot(rows)
+    assert img.size == (900, 420)
+    assert common.table([]) == "(no reports)"
+
+
+def test_combo_values_are_checked_by_name():
+    assert common.check_choices(mode=("gsd", ["sjd", "gsd"]), seed=(None, [1])) is True
+    assert common.check_choices(mode=("fast", ["sjd", "gsd"])) == "mode must be one of 'sjd', 'gsd' (got 'fast')"
+
+
+def test_prompt_lines():
+    assert common.prompt_lines("a red circle\n\n# skipped\n  a blue square  \n") == ["a red circle", "a blue square"]
+    assert common.prompt_lines("ignored", file_text="from a file\n") == ["from a file"]
+    with pytest.raises(ValueError, match="prompts: no prompt found"):
+        common.prompt_lines("\n# only a comment\n")
+
+
+def test_preview_throttle_keeps_previews_under_budget():
+    throttle = common.PreviewThrottle(budget=0.05, interval=0.0, start=time.perf_counter() - 1.0)
+    assert throttle.due()
+    throttle.record(0.2)  # 0.2 s of previews after 1 s: over 5 %
+    assert not throttle.due()
+    throttle.start -= 10.0  # 11 s in
+    assert throttle.due()
+
+
+def test_partial_preview_greys_rows_not_yet_committed():
+    layout = TokenLayout.raster(4, 4, vocab_size=8)
+    tokens = torch.zeros(1, 16, dtype=torch.long)
+
+    def decode(grid):  # a white 4 x 4-pixel square per token
+        return torch.ones(grid.shape[0], 3, 16, 16)
+
+    img = torch.from_numpy(np.asarray(common.partial_preview(decode, tokens, 6, layout)))
+    assert (img[:4] == 255).all() and (img[4:8, :8] == 255).all()  # row 0 and half of row 1 committed
+    assert (img[4:8, 8:] == 128).all() and (img[8:] == 128).all()
