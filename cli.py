@@ -69,7 +69,8 @@ def _render(args) -> int:
     settings = {k: v for k, v in vars(args).items() if k in names and v is not None}
     try:
         config = DecodeConfig(mode=args.mode, **settings).validate()
-        model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, dtype)
+        model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, dtype, args.width,
+                           args.height)
         if args.resolution and args.resolution != model.resolution:
             raise ConfigError(f"resolution must be one of {list(model.resolutions)} for {model.name} "
                               f"(got {args.resolution})")
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     q.set_defaults(run=_queue)
     render = sub.add_parser("render", help="render images with a model file or folder (the family is detected)")
     render.add_argument("--model", required=True, help="checkpoint file or model folder")
-    render.add_argument("--vq", help="VQ tokenizer file (LlamaGen; found beside the GPT if there is one)")
+    render.add_argument("--vq", help="VQ tokenizer: LlamaGen's file (found beside the GPT if there is one), or the "
+                                     "folder with Meta's vqgan.yaml + vqgan.ckpt (Lumina-mGPT, Anole)")
     render.add_argument("--text-encoder", help="T5 folder (LlamaGen text-to-image: a copy of google/flan-t5-xl)")
     render.add_argument("--prompt", help="text prompt")
     render.add_argument("--class-id", type=int, help="class id (class-conditional models)")
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--seed", type=int, default=0)
     render.add_argument("--batch", type=int, default=1, help="images (seeds seed, seed+1, ...)")
     render.add_argument("--resolution", type=int, help="image size in pixels, where the family offers several")
+    render.add_argument("--width", type=int, help="image width in pixels (Lumina-mGPT: any multiple of 32)")
+    render.add_argument("--height", type=int, help="image height in pixels")
     render.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when present)")
     render.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
     render.add_argument("--out", default="out/render", help="output folder (default: out/render)")

@@ -15,6 +15,13 @@ REQUIREMENTS = {
                 "layers.N.attention.wqkv.weight), with its VQ tokenizer file (vq_ds16_*.pt) beside or given",
     "janus": "a Janus / Janus-Pro folder: config.json with model_type 'janus' (converted) or 'multi_modality' "
              "(deepseek-ai original), weights and tokenizer files",
+    "lumina": "a Lumina-mGPT folder: config.json with model_type 'chameleon' and architectures "
+              "ChameleonXLLMXForConditionalGeneration, weights, tokenizer, and Meta's VQGAN "
+              "(tokenizer/vqgan.yaml + vqgan.ckpt) inside or given",
+    "emu3": "an Emu3 folder in transformers' format (Emu3-Gen-hf): config.json with model_type 'emu3', weights "
+            "(the VQ-VAE included) and tokenizer files",
+    "anole": "an Anole / Chameleon folder in transformers' format: config.json with model_type 'chameleon', "
+             "weights, tokenizer, and Meta's VQGAN (tokenizer/vqgan.yaml + vqgan.ckpt) inside or given",
 }
 
 
@@ -58,6 +65,12 @@ def detect(path: str | pathlib.Path) -> Detected:
             model_type = json.loads(config.read_text()).get("model_type")
             if model_type in ("janus", "multi_modality"):
                 return Detected("janus", path, model_type)
+            if model_type == "emu3":
+                return Detected("emu3", path, model_type)
+            if model_type == "chameleon":
+                from .chameleon import flavour_of
+
+                return Detected(flavour_of(json.loads(config.read_text())), path, model_type)
             found = f"config.json with model_type {model_type!r}"
         else:
             files = sorted(p for p in path.iterdir() if p.suffix in (".pt", ".pth", ".safetensors", ".bin"))
@@ -98,9 +111,22 @@ def find_vq(gpt_path: pathlib.Path) -> pathlib.Path | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", dtype=torch.float32):
+def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", dtype=torch.float32,
+               width=None, height=None):
     """Detect the family of ``path`` and load it as a :class:`~.base.LoadedModel`."""
     hit = detect(path)
+    if hit.family in ("lumina", "anole"):
+        from . import chameleon
+
+        return chameleon.load(hit.path, vq, device, dtype, width or resolution, height or resolution)
+    if width or height:  # the other families make square images
+        if width and height and width != height:
+            raise ValueError(f"width and height must be equal for {hit.family} models (got {width}x{height})")
+        resolution = width or height
+    if hit.family == "emu3":
+        from . import emu3
+
+        return emu3.load(hit.path, device, dtype, resolution)
     if hit.family == "llamagen":
         from . import llamagen
 

@@ -137,10 +137,10 @@ class SpeculativeARSampler(io.ComfyNode):
                                       skip_threshold=skip_threshold)
         loaded = model.loaded
         if resolution != "model default" and int(resolution) != loaded.resolution:
-            if loaded.resize is None or int(resolution) not in loaded.resolutions:
-                raise ValueError(f"resolution must be one of {list(loaded.resolutions) or [loaded.resolution]} "
-                                 f"for {loaded.name} (got {resolution})")
-            loaded = loaded.resize(int(resolution))
+            if loaded.resize is None:
+                raise ValueError(f"resolution: {loaded.name} makes {loaded.resolution} px images only "
+                                 f"(got {resolution}); choose 'model default'")
+            loaded = loaded.resize(int(resolution))  # the family checks the size and names what it allows
         condition = prompt.strip()
         if loaded.condition == "class":
             if not condition.isdigit():

@@ -63,6 +63,12 @@ def graphs() -> dict[str, dict]:
                                 "text_encoder": "flan-t5-xl"}, "vvs",
                                "a photo of a red fox sitting in fresh snow, golden hour", resolution="512")
     out["janus_pro"] = _t2i({"model": "Janus-Pro-7B"}, "gsd", "a watercolor lighthouse on a cliff at dawn", G=10)
+    out["lumina_mgpt"] = _t2i({"model": "Lumina-mGPT-7B-768"}, "sjd",
+                              "a majestic snow leopard resting on a rocky ledge, misty mountains behind", window=16)
+    out["anole"] = _t2i({"model": "Anole-7b-hf"}, "lantern", "a red panda eating bamboo in a misty forest",
+                        k=1000, lantern_delta=0.1)
+    out["emu3"] = _t2i({"model": "Emu3-Gen-hf"}, "gsd", "a bowl of ramen with a soft-boiled egg, studio lighting",
+                       negative_prompt="lowres, blurry, text, watermark", G=10)
     return out
 
 

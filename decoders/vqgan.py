@@ -1,0 +1,534 @@
+"""The VQGAN of Meta's Chameleon image tokenizer (also Anole and Lumina-mGPT).
+
+Shipped as ``tokenizer/vqgan.yaml`` (a taming-transformers config) plus
+``tokenizer/vqgan.ckpt`` (a torch pickle ``{"state_dict": {...}}``, possibly with
+training entries and ``loss.*`` weights, which are ignored).  Module names follow
+the checkpoint keys.  Unlike LlamaGen's tokenizer, the codebook (8192 x 256) is
+used as is (no L2 normalisation) and the decoder's ``up[i]`` is the level of
+``ch * ch_mult[i]``, run from ``i = len(ch_mult) - 1`` (lowest resolution) down to 0.
+The architecture comes from the yaml and is checked against the weights.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..loaders.checkpoints import CheckpointError, load_file, state_dict
+
+YAML_NAME, CKPT_NAME = "vqgan.yaml", "vqgan.ckpt"
+
+
+# -- building blocks (taming-transformers' diffusionmodules layout) ---------------
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
+
+
+def _swish(x):
+    return x * torch.sigmoid(x)
+
+
+class ResnetBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, dropout: float = 0.0):
+        super().__init__()
+        self.norm1, self.conv1 = _norm(cin), nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2, self.dropout, self.conv2 = _norm(cout), nn.Dropout(dropout), nn.Conv2d(cout, cout, 3, padding=1)
+        self.nin_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
+
+    def forward(self, x):
+        h = self.conv1(_swish(self.norm1(x)))
+        h = self.conv2(self.dropout(_swish(self.norm2(h))))
+        return h + (x if self.nin_shortcut is None else self.nin_shortcut(x))
+
+
+class AttnBlock(nn.Module):
+    """Single-head self-attention over the pixels of a feature map."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.norm = _norm(c)
+        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        y = self.norm(x)
+        q, k, v = (m(y).flatten(2).transpose(1, 2).unsqueeze(1) for m in (self.q, self.k, self.v))  # [b, 1, hw, c]
+        y = F.scaled_dot_product_attention(q, k, v).squeeze(1)
+        return x + self.proj_out(y.transpose(1, 2).reshape(b, c, h, w))
+
+
+class Upsample(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Downsample(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, stride=2, padding=0)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (0, 1, 0, 1)))  # right/bottom padding only, as taming
+
+
+class _Level(nn.Module):
+    """One resolution: ``block`` ResnetBlocks, each followed by its ``attn`` block if any."""
+
+    def __init__(self, cin: int, cout: int, blocks: int, attn: bool, dropout: float):
+        super().__init__()
+        self.block = nn.ModuleList(ResnetBlock(cin if j == 0 else cout, cout, dropout) for j in range(blocks))
+        self.attn = nn.ModuleList(AttnBlock(cout) for _ in range(blocks)) if attn else nn.ModuleList()
+
+    def forward(self, x):
+        for j, block in enumerate(self.block):
+            x = block(x)
+            if len(self.attn):
+                x = self.attn[j](x)
+        return x
+
+
+class _Mid(nn.Module):
+    def __init__(self, c: int, dropout: float):
+        super().__init__()
+        self.block_1, self.attn_1, self.block_2 = ResnetBlock(c, c, dropout), AttnBlock(c), ResnetBlock(c, c, dropout)
+
+    def forward(self, x):
+        return self.block_2(self.attn_1(self.block_1(x)))
+
+
+# -- the architecture ----------------------------------------------------------
+@dataclass(frozen=True)
+class VQGANSpec:
+    """The architecture, as written in ``vqgan.yaml`` (``model.params``)."""
+
+    embed_dim: int = 256
+    n_embed: int = 8192
+    z_channels: int = 256
+    ch: int = 128
+    ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)  # per encoder level, highest resolution first
+    num_res_blocks: int = 2  # encoder blocks per level; the decoder has one more
+    attn_resolutions: tuple[int, ...] = ()  # feature-map sides that get attention blocks
+    resolution: int = 256
+    in_channels: int = 3
+    out_ch: int = 3
+    dropout: float = 0.0
+
+    @property
+    def downsample(self) -> int:
+        return 2 ** (len(self.ch_mult) - 1)
+
+    @classmethod
+    def from_config(cls, cfg: dict, source: str = "vqgan.yaml") -> "VQGANSpec":
+        """From the parsed yaml (``model.params`` or that mapping itself); extra keys are ignored."""
+        params = cfg.get("model", cfg) if isinstance(cfg, dict) else None
+        params = params.get("params", params) if isinstance(params, dict) else None
+        dd = params.get("ddconfig") if isinstance(params, dict) else None
+        if not isinstance(dd, dict):
+            raise CheckpointError(f"{source}: not a VQGAN config (no model.params.ddconfig)")
+
+        def get(key, ints=False):
+            d, where = (params, "model.params.") if key in ("embed_dim", "n_embed") else (dd, "model.params.ddconfig.")
+            if key not in d:
+                raise CheckpointError(f"{source}: missing {where}{key}")
+            try:
+                return tuple(int(v) for v in d[key] or ()) if ints else int(d[key])
+            except (TypeError, ValueError) as err:
+                raise CheckpointError(f"{source}: bad {where}{key}: {d[key]!r}") from err
+
+        if dd.get("double_z"):
+            raise CheckpointError(f"{source}: double_z is true (a KL autoencoder, not a VQGAN)")
+        if not get("ch_mult", ints=True):
+            raise CheckpointError(f"{source}: empty ch_mult")
+        return cls(embed_dim=get("embed_dim"), n_embed=get("n_embed"), z_channels=get("z_channels"), ch=get("ch"),
+                   ch_mult=get("ch_mult", ints=True), num_res_blocks=get("num_res_blocks"),
+                   attn_resolutions=get("attn_resolutions", ints=True), resolution=get("resolution"),
+                   in_channels=int(dd.get("in_channels", 3)), out_ch=int(dd.get("out_ch", 3)),
+                   dropout=float(dd.get("dropout", 0.0)))
+
+    @classmethod
+    def from_yaml(cls, path: str | pathlib.Path) -> "VQGANSpec":
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such file")
+        try:
+            cfg = load_yaml(path.read_text(encoding="utf-8"))
+        except ValueError as err:  # UnicodeDecodeError is one too
+            raise CheckpointError(f"{path}: cannot be parsed as yaml ({err})") from err
+        return cls.from_config(cfg, str(path))
+
+
+class Encoder(nn.Module):
+    def __init__(self, s: VQGANSpec):
+        super().__init__()
+        self.conv_in = nn.Conv2d(s.in_channels, s.ch, 3, padding=1)
+        self.down, cin, res = nn.ModuleList(), s.ch, s.resolution
+        for i, m in enumerate(s.ch_mult):
+            level = _Level(cin, s.ch * m, s.num_res_blocks, res in s.attn_resolutions, s.dropout)
+            cin = s.ch * m
+            if i != len(s.ch_mult) - 1:
+                level.downsample, res = Downsample(cin), res // 2
+            self.down.append(level)
+        self.mid = _Mid(cin, s.dropout)
+        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, s.z_channels, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv_in(x)
+        for level in self.down:
+            x = level(x)
+            if hasattr(level, "downsample"):
+                x = level.downsample(x)
+        return self.conv_out(_swish(self.norm_out(self.mid(x))))
+
+
+class Decoder(nn.Module):
+    def __init__(self, s: VQGANSpec):
+        super().__init__()
+        cin, res = s.ch * s.ch_mult[-1], s.resolution // s.downsample
+        self.conv_in = nn.Conv2d(s.z_channels, cin, 3, padding=1)
+        self.mid = _Mid(cin, s.dropout)
+        levels = [None] * len(s.ch_mult)
+        for i in reversed(range(len(s.ch_mult))):  # built (and run) lowest resolution first
+            level = _Level(cin, s.ch * s.ch_mult[i], s.num_res_blocks + 1, res in s.attn_resolutions, s.dropout)
+            cin = s.ch * s.ch_mult[i]
+            if i != 0:
+                level.upsample, res = Upsample(cin), res * 2
+            levels[i] = level
+        self.up = nn.ModuleList(levels)  # up[i] has ch * ch_mult[i] channels: up[-1] is the lowest resolution
+        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, s.out_ch, 3, padding=1)
+
+    def forward(self, z):
+        x = self.mid(self.conv_in(z))
+        for level in reversed(self.up):
+            x = level(x)
+            if hasattr(level, "upsample"):
+                x = level.upsample(x)
+        return self.conv_out(_swish(self.norm_out(x)))
+
+
+class VectorQuantizer(nn.Module):
+    """A plain nearest-neighbour codebook (Euclidean, not normalised)."""
+
+    def __init__(self, s: VQGANSpec):
+        super().__init__()
+        self.embedding = nn.Embedding(s.n_embed, s.embed_dim)
+
+    def nearest(self, z: torch.Tensor) -> torch.Tensor:
+        """``[B, C, h, w]`` -> indices ``[B, h, w]`` of the nearest code vectors."""
+        flat = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+        book = self.embedding.weight
+        dist = flat.pow(2).sum(1, keepdim=True) - 2 * flat @ book.t() + book.pow(2).sum(1)
+        return dist.argmin(1).view(z.shape[0], z.shape[2], z.shape[3])
+
+
+class VQGANModel(nn.Module):
+    """The tokenizer; ``decode_codes`` is what image generation needs.  Without
+    ``with_encoder`` only the decoding half is built (decoder-only weights)."""
+
+    def __init__(self, spec: VQGANSpec, with_encoder: bool = True):
+        super().__init__()
+        self.spec = spec
+        if with_encoder:
+            self.encoder = Encoder(spec)
+            self.quant_conv = nn.Conv2d(spec.z_channels, spec.embed_dim, 1)
+        self.decoder = Decoder(spec)
+        self.quantize = VectorQuantizer(spec)
+        self.post_quant_conv = nn.Conv2d(spec.embed_dim, spec.z_channels, 1)
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images ``[B, in_channels, H, W]`` in [-1, 1] -> codes ``[B, H/ds, W/ds]``."""
+        return self.quantize.nearest(self.quant_conv(self.encoder(images)))
+
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, h, w]`` (raster order) -> images ``[B, out_ch, h*ds, w*ds]``, about
+        [-1, 1] (not clamped)."""
+        z = self.quantize.embedding(codes).permute(0, 3, 1, 2)
+        return self.decoder(self.post_quant_conv(z))
+
+
+# -- loading ---------------------------------------------------------------------
+def find_vqgan(folder: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path] | None:
+    """``(vqgan.yaml, vqgan.ckpt)`` in ``folder``, ``folder/tokenizer`` or ``folder/vqgan``, if there."""
+    folder = pathlib.Path(folder)
+    for d in (folder, folder / "tokenizer", folder / "vqgan"):
+        if (d / YAML_NAME).is_file() and (d / CKPT_NAME).is_file():
+            return d / YAML_NAME, d / CKPT_NAME
+    return None
+
+
+def _check_weights(spec: VQGANSpec, sd: dict[str, torch.Tensor], expected: dict[str, torch.Size]) -> list[str]:
+    """Why the weights do not fit the yaml's architecture (empty if they do)."""
+    named = [("n_embed", spec.n_embed, "quantize.embedding.weight", 0),
+             ("embed_dim", spec.embed_dim, "quantize.embedding.weight", 1),
+             ("z_channels", spec.z_channels, "decoder.conv_in.weight", 1),
+             ("ch * ch_mult[-1]", spec.ch * spec.ch_mult[-1], "decoder.conv_in.weight", 0),
+             ("ch * ch_mult[0]", spec.ch * spec.ch_mult[0], "decoder.conv_out.weight", 1),
+             ("out_ch", spec.out_ch, "decoder.conv_out.weight", 0)]
+    problems = [f"{name} is {value} in the yaml but {sd[key].shape[dim]} in {key} {list(sd[key].shape)}"
+                for name, value, key, dim in named if key in sd and sd[key].dim() > dim and sd[key].shape[dim] != value]
+    levels = {int(m.group(1)) for k in sd if (m := re.match(r"decoder\.up\.(\d+)\.", k))}
+    if levels and len(levels) != len(spec.ch_mult):
+        problems.append(f"ch_mult has {len(spec.ch_mult)} levels in the yaml but the decoder has {len(levels)}")
+    blocks = {int(m.group(1)) for k in sd if (m := re.match(r"decoder\.up\.0\.block\.(\d+)\.", k))}
+    if blocks and len(blocks) != spec.num_res_blocks + 1:
+        problems.append(f"num_res_blocks is {spec.num_res_blocks} in the yaml but the decoder has "
+                        f"{len(blocks)} blocks per level (num_res_blocks + 1)")
+
+    def attn_levels(keys):
+        return sorted({int(m.group(1)) for k in keys if (m := re.match(r"decoder\.up\.(\d+)\.attn\.", k))})
+
+    if not problems and attn_levels(sd) != attn_levels(expected):
+        problems.append(f"attn_resolutions {list(spec.attn_resolutions)} in the yaml put attention in decoder levels "
+                        f"{attn_levels(expected)} but the checkpoint has it in {attn_levels(sd)}")
+    if problems:  # the named sizes explain the rest
+        return problems
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    shapes = [f"{k} {list(sd[k].shape)} (expected {list(v)})" for k, v in expected.items()
+              if k in sd and sd[k].shape != v]
+    for what, items in (("missing", missing), ("unexpected", unexpected), ("wrong shapes", shapes)):
+        if items:
+            more = f" and {len(items) - 5} more" if len(items) > 5 else ""
+            problems.append(f"{what}: {', '.join(items[:5])}{more}")
+    return problems
+
+
+class VQGANDecoder:
+    """A loaded Chameleon VQGAN: codes -> images, plus its codebook for the engine."""
+
+    def __init__(self, model: VQGANModel, source: str = ""):
+        self.model, self.source = model, source
+
+    @classmethod
+    def load(cls, yaml_path: str | pathlib.Path, ckpt_path: str | pathlib.Path | None = None, device="cpu",
+             dtype=torch.float32) -> "VQGANDecoder":
+        """From ``vqgan.yaml`` and ``vqgan.ckpt``; ``yaml_path`` may instead be a folder holding
+        both (directly, or under ``tokenizer/`` or ``vqgan/``).  Without ``ckpt_path`` the
+        checkpoint is the yaml's sibling ``vqgan.ckpt``."""
+        yaml_path = pathlib.Path(yaml_path)
+        if yaml_path.is_dir() and ckpt_path is None:
+            found = find_vqgan(yaml_path)
+            if found is None:
+                raise CheckpointError(f"{yaml_path}: no {YAML_NAME} with {CKPT_NAME} here, nor under tokenizer/ "
+                                      "or vqgan/")
+            yaml_path, ckpt_path = found
+        ckpt_path = pathlib.Path(ckpt_path) if ckpt_path is not None else yaml_path.with_name(CKPT_NAME)
+        spec = VQGANSpec.from_yaml(yaml_path)
+        try:
+            obj = load_file(ckpt_path)
+        except CheckpointError as err:
+            refused = re.search(r"Unsupported global: (?:GLOBAL )?(\S+)", str(err.__cause__))
+            if refused is None:  # missing, corrupt, or not a torch file: the plain message says it
+                raise
+            raise CheckpointError(f"{ckpt_path}: refused, it pickles a non-tensor object ({refused.group(1)}) and "
+                                  "checkpoints are only read weights-only; re-save just its state_dict, e.g. "
+                                  "torch.save({'state_dict': ckpt['state_dict']}, path), where you trust it") from err
+        sd = state_dict(obj, wrappers=("state_dict", "model"))
+        return cls.from_state_dict(sd, spec, device, dtype, source=str(ckpt_path), yaml_source=str(yaml_path))
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, torch.Tensor], spec: VQGANSpec, device="cpu", dtype=torch.float32,
+                        source: str = "", yaml_source: str = "the yaml") -> "VQGANDecoder":
+        sd = {k: v for k, v in sd.items() if not k.startswith("loss.")}  # LPIPS and discriminator
+        if "decoder.conv_in.weight" not in sd or "quantize.embedding.weight" not in sd:
+            raise CheckpointError(f"{source}: not a VQGAN checkpoint (no decoder.conv_in or quantize.embedding)")
+        with_encoder = any(k.startswith("encoder.") for k in sd)
+        try:
+            with torch.device("meta"):  # the expected names and shapes, without allocating
+                expected = {k: v.shape for k, v in VQGANModel(spec, with_encoder).state_dict().items()}
+        except ValueError as err:  # e.g. channels that GroupNorm(32) cannot split
+            raise CheckpointError(f"{yaml_source}: not a buildable VQGAN ({err})") from err
+        problems = _check_weights(spec, sd, expected)
+        if problems:
+            raise CheckpointError(f"{source}: weights do not match {yaml_source}: " + "; ".join(problems))
+        model = VQGANModel(spec, with_encoder)
+        model.load_state_dict(sd, strict=True)
+        return cls(model.to(device=device, dtype=dtype).eval(), source)
+
+    @property
+    def spec(self) -> VQGANSpec:
+        return self.model.spec
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.post_quant_conv.weight.device
+
+    def codebook(self) -> torch.Tensor:
+        """``[n_embed, embed_dim]`` code vectors as stored (float32)."""
+        return self.model.quantize.embedding.weight.detach().float()
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, h, w]`` -> images ``[B, 3, h*ds, w*ds]`` float32 in [0, 1]."""
+        codes = codes.to(self.device).long()
+        if codes.dim() != 3:
+            raise ValueError(f"codes must be [B, h, w], got {list(codes.shape)}")
+        if codes.numel() and (codes.min() < 0 or codes.max() >= self.spec.n_embed):
+            raise ValueError(f"codes must lie in [0, {self.spec.n_embed}), got {codes.min()}..{codes.max()}")
+        x = self.model.decode_codes(codes).float()
+        return ((x + 1) / 2).clamp_(0, 1)
+
+
+# -- yaml ------------------------------------------------------------------------
+def load_yaml(text: str):
+    """``yaml.safe_load`` when PyYAML is installed (it is not a dependency), else
+    :func:`parse_simple_yaml`."""
+    try:
+        import yaml
+    except ImportError:
+        return parse_simple_yaml(text)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:  # one error type for both parsers
+        raise ValueError(str(err)) from err
+
+
+# YAML 1.1 plain scalars as PyYAML's safe loader resolves them (so both parsers agree)
+_NULL = re.compile(r"~|null|Null|NULL|")
+_BOOL = {v: v.lower() in ("yes", "true", "on") for v in
+         "yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF".split()}
+_INT = re.compile(r"[-+]?(0|[1-9][0-9_]*)")  # decimal only (no octal, hex or sexagesimal)
+_FLOAT = re.compile(r"[-+]?[0-9][0-9_]*\.[0-9_]*([eE][-+][0-9]+)?|\.[0-9][0-9_]*([eE][-+][0-9]+)?")
+_SPECIAL_FLOATS = {f"{sign}.{inf}": float(f"{sign or '+'}inf")
+                   for sign in ("", "+", "-") for inf in ("inf", "Inf", "INF")}
+_SPECIAL_FLOATS.update({f".{nan}": float("nan") for nan in ("nan", "NaN", "NAN")})
+
+
+def _scalar(s: str):
+    s = s.strip()
+    if s[:1] in ("'", '"'):
+        if len(s) < 2 or s[-1] != s[0]:
+            raise ValueError(f"unterminated string {s!r}")
+        return s[1:-1].replace("''", "'") if s[0] == "'" else json.loads(s)  # yaml's escapes ~ json's
+    if s[:1] in ("[", "{"):
+        return _flow(s)
+    if s[:1] in ("&", "*", "!", "|", ">", "%", "@", "`"):
+        raise ValueError(f"unsupported yaml feature in {s!r}")
+    if _NULL.fullmatch(s):
+        return None
+    if s in _BOOL:
+        return _BOOL[s]
+    if _INT.fullmatch(s):
+        return int(s.replace("_", ""))
+    if _FLOAT.fullmatch(s):
+        return float(s.replace("_", ""))
+    if s in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[s]
+    return s
+
+
+def _split_top(s: str) -> list[str]:
+    """Split a flow collection's body at the commas outside brackets and quotes."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, c in enumerate(s):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"" and (i == 0 or s[i - 1] in " [{,"):
+            quote = c
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(s[start:i])
+            start = i + 1
+    parts.append(s[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _flow(s: str):
+    close = {"[": "]", "{": "}"}[s[0]]
+    if not s.endswith(close):
+        raise ValueError(f"unterminated flow collection {s!r}")
+    items = _split_top(s[1:-1])
+    if close == "]":
+        return [_scalar(p) for p in items]
+    return {key: _scalar(value or "") for key, value in map(_key_value, items)}
+
+
+def _key_value(s: str) -> tuple:
+    """``key: value`` -> ``(key, value text or None)``."""
+    m = re.match(r"""("[^"]*"|'[^']*'|[^'"{}\[\],:#][^:#]*?)\s*:(?:\s+(.*))?$""", s)
+    if not m:
+        raise ValueError(f"expected 'key: value', got {s!r}")
+    return _scalar(m.group(1)), m.group(2)
+
+
+def _strip_comment(line: str) -> str:
+    quote = None
+    for i, c in enumerate(line):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"" and (i == 0 or line[i - 1] in " \t[{,"):  # a quote opens only a quoted scalar
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i]
+    return line
+
+
+def parse_simple_yaml(text: str):
+    """A small yaml reader for config files such as ``vqgan.yaml``: nested block
+    mappings and sequences, flow lists and mappings of scalars, quoted and plain
+    scalars (resolved as PyYAML's safe loader does), comments.  Anchors, tags and
+    multi-line scalars raise ``ValueError``."""
+    lines = []
+    for raw in text.splitlines():
+        line = _strip_comment(raw).rstrip()
+        if line.strip() in ("", "---"):
+            continue
+        if "\t" in line[: len(line) - len(line.lstrip())]:
+            raise ValueError("tabs in indentation")
+        lines.append([len(line) - len(line.lstrip()), line.strip()])
+    if not lines:
+        return None
+
+    def is_item(content: str) -> bool:
+        return content == "-" or content.startswith("- ")
+
+    def block(i: int, indent: int):
+        """The collection whose lines start at ``lines[i]`` with this indent -> (value, next i)."""
+        items: list | dict = [] if is_item(lines[i][1]) else {}
+        while i < len(lines) and lines[i][0] == indent:
+            content = lines[i][1]
+            if isinstance(items, list):
+                if not is_item(content):
+                    break
+                rest = content[1:].lstrip()
+                if not rest:  # the item is the indented block below
+                    if i + 1 < len(lines) and lines[i + 1][0] > indent:
+                        value, i = block(i + 1, lines[i + 1][0])
+                    else:
+                        value, i = None, i + 1
+                elif rest[:1] not in "'\"[{" and re.match(r"[^:]*?:(\s|$)", rest):  # "- key: value" opens a mapping
+                    lines[i] = [indent + len(content) - len(rest), rest]
+                    value, i = block(i, lines[i][0])
+                else:
+                    value, i = _scalar(rest), i + 1
+                items.append(value)
+                continue
+            if is_item(content):
+                raise ValueError(f"a sequence item where a mapping key was expected: {content!r}")
+            key, text = _key_value(content)
+            value, i = (None if text is None else _scalar(text)), i + 1
+            if text is None and i < len(lines) and (
+                    lines[i][0] > indent or (lines[i][0] == indent and is_item(lines[i][1]))):
+                value, i = block(i, lines[i][0])  # nested block (a sequence may sit at the key's indent)
+            items[key] = value
+        if i < len(lines) and lines[i][0] > indent:
+            raise ValueError(f"unexpected indentation at {lines[i][1]!r}")
+        return items, i
+
+    if len(lines) == 1 and not is_item(lines[0][1]) and not re.match(r"[^:]*?:(\s|$)", lines[0][1]):
+        return _scalar(lines[0][1])
+    value, end = block(0, lines[0][0])
+    if end != len(lines):
+        raise ValueError(f"unexpected line {lines[end][1]!r}")
+    return value

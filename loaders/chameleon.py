@@ -1,0 +1,280 @@
+"""The Chameleon architecture through transformers (>= 4.43): Lumina-mGPT and Anole.
+
+``ChameleonForConditionalGeneration.forward`` masks every image-token logit, so
+the adapter runs the inner model and ``lm_head`` itself, on a
+:class:`~.hf_cache.RaggedCache`.  Image tokens are the vocabulary entries named
+``IMGIMG<letters>Z`` (letters A-J spell the VQ code's digits); the id <-> code
+map is read from the checkpoint's ``vocabulary_map``, never assumed.  Pictures
+come from Meta's VQGAN (``tokenizer/vqgan.yaml`` + ``vqgan.ckpt``,
+``decoders/vqgan.py``), which transformers does not include.
+
+Two token grammars (``ChameleonSpec.flavour``):
+
+* **Lumina-mGPT** (Alpha-VLLM's reference ``inference_solver.py``): prompt
+  ``Generate an image of {W}x{H} according to the following prompt:\\n{prompt}``
+  (BOS first) ended by ``<reserved08706>``, then ``<racm3:break>``; the stream is
+  two size tokens ``<reserved{8800 + side / 32}>`` (height, width), ``H`` rows of
+  ``W`` image tokens each closed by ``<reserved08799>`` (end of line), then
+  ``<eoss>`` (end of image): all structural tokens forced.  The unconditional
+  branch is the reference's: only the tokens from ``<racm3:break>`` on, with its
+  own cache rows.  The reference samples the two size tokens freely from the
+  prompt; forcing them to the requested size is our one departure.  CFG 3 on raw
+  logits, image top-k 2000, temperature 1.
+* **Anole / Chameleon** (Meta's reference): BOS, prompt, ``<racm3:break>``, then
+  1024 image tokens (32 x 32 at 512 px) with no end-of-line, ``<eoss>`` forced
+  last.  Three-way guidance ``u + 1.2 (img - u) + 3.0 (full - img)`` with
+  ``full`` = the prompt, ``img`` = the prompt's images only, ``u`` = BOS + image
+  start.  A text-only prompt has no images, so ``img`` is the same sequence as
+  ``u``: it is computed once and returned for both branches (no extra forward).
+  Meta's image defaults: temperature 0.7, top-p 0.9.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling.adapter import ImageAdapter, TokenLayout
+from .checkpoints import CheckpointError
+from .hf_cache import RaggedCache
+
+IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
+LUMINA_TEMPLATE = "Generate an image of {w}x{h} according to the following prompt:\n{prompt}"
+LUMINA_END_OF_TURN, LUMINA_EOL = "<reserved08706>", "<reserved08799>"
+LUMINA_SIZES = (512, 768, 1024)
+ANOLE_SIZE = 512
+PATCH = 16  # pixels per image token
+SIZE_UNIT = 32  # Lumina's size tokens count 32-pixel units
+
+
+def size_token(pixels: int) -> str:
+    return f"<reserved{8800 + pixels // SIZE_UNIT:05d}>"
+
+
+def image_code_map(vocabulary_map: dict) -> dict[int, int]:
+    """Token id -> VQ code, from the ``IMGIMG<letters>Z`` names (A=0 ... J=9)."""
+    out = {}
+    for name, tid in vocabulary_map.items():
+        if name.startswith("IMGIMG") and name.endswith("Z"):
+            digits = "".join(str(ord(c) - ord("A")) for c in name[6:-1])
+            out[int(tid)] = int(digits)
+    return out
+
+
+@dataclass(frozen=True)
+class ChameleonSpec:
+    flavour: str  # "lumina" or "anole"
+    width: int  # pixels
+    height: int
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.height // PATCH, self.width // PATCH
+
+
+def flavour_of(config: dict) -> str:
+    """Lumina-mGPT ships its own subclass (``ChameleonXLLMXForConditionalGeneration``)."""
+    archs = " ".join(config.get("architectures") or [])
+    return "lumina" if "XLLMX" in archs or "Lumina" in archs else "anole"
+
+
+def check_size(flavour: str, width: int, height: int) -> None:
+    unit = SIZE_UNIT if flavour == "lumina" else PATCH
+    for name, v in (("width", width), ("height", height)):
+        if not isinstance(v, int) or v <= 0 or v % unit:
+            raise ValueError(f"{name} must be a positive multiple of {unit} pixels for "
+                             f"{'Lumina-mGPT' if flavour == 'lumina' else 'Anole'} (got {v})")
+    if flavour == "anole" and (width, height) != (ANOLE_SIZE, ANOLE_SIZE):
+        raise ValueError(f"Anole generates {ANOLE_SIZE}x{ANOLE_SIZE} images only (got {width}x{height})")
+
+
+class ChameleonAdapter(ImageAdapter):
+    def __init__(self, model, tokenizer, spec: ChameleonSpec, codebook: torch.Tensor | None = None):
+        self.model, self.tokenizer, self.spec = model, tokenizer, spec
+        self.inner, self.head = model.model, model.lm_head
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.config.vocab_size
+        vocab = model.config.vocabulary_map or {}
+        self.codes = image_code_map(vocab)
+        if not self.codes:
+            raise CheckpointError("the Chameleon vocabulary has no image tokens (IMGIMG...Z entries in "
+                                  "vocabulary_map): this is not an image-generating checkpoint")
+        ids = sorted(self.codes)
+        self.image_ids = torch.tensor(ids)
+        self.code_of = torch.zeros(self.vocab_size, dtype=torch.long)
+        self.code_of[self.image_ids] = torch.tensor([self.codes[i] for i in ids])
+        self.codebook = codebook
+
+        def tid(name):
+            if name not in vocab:
+                raise CheckpointError(f"the Chameleon vocabulary has no {name} token")
+            return int(vocab[name])
+
+        self.bos = tokenizer.bos_token_id
+        self.start, self.end = tid(IMAGE_START), tid(IMAGE_END)
+        rows, cols = spec.grid
+        if spec.flavour == "lumina":
+            self.guidance = "linear"
+            self.sampling_defaults = {"cfg_scale": 3.0, "top_k": 2000, "temperature": 1.0}
+            self.end_of_turn, eol = tid(LUMINA_END_OF_TURN), tid(LUMINA_EOL)
+            stride = cols + 1
+            forced = {0: tid(size_token(spec.height)), 1: tid(size_token(spec.width))}
+            forced.update({2 + r * stride + cols: eol for r in range(rows)})
+            length = 2 + rows * stride + 1
+            forced[length - 1] = self.end
+            self.layout = TokenLayout.raster(rows, cols, self.vocab_size, self.image_ids, forced, stride, length)
+        else:
+            self.guidance = "image_text"
+            self.sampling_defaults = {"cfg_scale": 3.0, "temperature": 0.7, "top_p": 0.9}
+            length = rows * cols + 1
+            self.layout = TokenLayout.raster(rows, cols, self.vocab_size, self.image_ids, {length - 1: self.end},
+                                             cols, length)
+        self.cache = None
+
+    # -- conditions --------------------------------------------------------------------
+    def check_conditions(self, conditions, negatives):
+        if negatives is not None:
+            raise ValueError("Chameleon models (Lumina-mGPT, Anole) have no negative prompt: leave it empty")
+        bad = [c for c in conditions if not isinstance(c, str) or not c.strip()]
+        if bad:
+            raise ValueError(f"prompt must be non-empty text (got {bad[0]!r})")
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        if self.spec.flavour == "lumina":
+            text = LUMINA_TEMPLATE.format(w=self.spec.width, h=self.spec.height, prompt=prompt)
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+            return [self.bos] + ids + [self.end_of_turn, self.start]
+        return [self.bos] + self.tokenizer(prompt, add_special_tokens=False).input_ids + [self.start]
+
+    def unconditional_ids(self) -> list[int]:
+        # Lumina: the tokens from the image start on; Anole: BOS + image start
+        return [self.start] if self.spec.flavour == "lumina" else [self.bos, self.start]
+
+    def branches(self, guided: bool) -> int:
+        if not guided:
+            return 1
+        return 3 if self.guidance == "image_text" else 2
+
+    # -- the cache loop ----------------------------------------------------------------
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, ...] -> [K, B, ..., V]; Anole's image-only branch reuses the unconditional rows."""
+        logits = self.head(hidden).float()
+        logits = logits.view(-1, self.batch, *logits.shape[1:])
+        if self.guidance == "image_text" and logits.shape[0] == 2:
+            logits = torch.cat([logits, logits[1:]], 0)
+        return logits
+
+    @torch.no_grad()
+    def prefill(self, conditions, negatives, guided):
+        rows = [self.prompt_ids(p) for p in conditions]
+        if guided:
+            rows += [self.unconditional_ids()] * len(conditions)
+        width = max(map(len, rows))
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.bos
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
+        pad_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
+        self.batch = len(conditions)
+        self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
+        self.cache = RaggedCache()
+        hidden = self.inner(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state
+        self.cache.commit()
+        return self._logits(hidden[:, -1])
+
+    @torch.no_grad()
+    def forward(self, tokens):
+        rows = len(self.cache.valid)
+        ids = tokens.repeat(rows // tokens.shape[0], 1)
+        hidden = self.inner(input_ids=ids, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state
+        self.cache.commit()
+        return self._logits(hidden)
+
+    def rollback(self, n):
+        self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))
+
+    def cache_lengths(self):
+        return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths
+
+    def token_vectors(self):
+        book = self.codebook
+        if book is None:  # the converted checkpoint carries the VQ encoder's codebook
+            vq = getattr(self.inner, "vqmodel", None)
+            book = vq.quantize.embedding.weight.detach().float() if vq is not None else None
+        if book is None:
+            return None
+        return self.image_ids, book[self.code_of[self.image_ids]].to(self.device)
+
+    def cache_bytes(self):
+        if self.cache is None:
+            return None
+        return sum(t.numel() * t.element_size() for layer in self.cache.cache.layers
+                   for t in (layer.keys, layer.values) if t is not None)
+
+    def release(self):
+        self.cache = None
+
+    def codes_of(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.code_of.to(tokens.device)[tokens]
+
+
+def load_model(folder, device="cpu", dtype=torch.float32):
+    from transformers import AutoTokenizer, ChameleonForConditionalGeneration
+
+    folder = pathlib.Path(folder)
+    model = ChameleonForConditionalGeneration.from_pretrained(str(folder), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=None):
+    """A :class:`~.base.LoadedModel` for a converted Chameleon-architecture folder
+    (Lumina-mGPT or Anole) and Meta's VQGAN (``vq``: the folder holding
+    ``vqgan.yaml`` + ``vqgan.ckpt``, or the yaml; found in the model folder or its
+    ``tokenizer/`` when not given)."""
+    from ..decoders.vqgan import VQGANDecoder, find_vqgan
+    from .base import LoadedModel
+
+    folder = pathlib.Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    flavour = flavour_of(config)
+    vocab = config.get("vocabulary_map") or {}
+    if not image_code_map(vocab):
+        raise CheckpointError(f"{folder}: the vocabulary has no image tokens (IMGIMG...Z entries in config.json's "
+                              "vocabulary_map); this checkpoint cannot generate images")
+    default = 768 if flavour == "lumina" else ANOLE_SIZE
+    width, height = width or height or default, height or width or default
+    check_size(flavour, width, height)  # before the weights are read
+    if vq:  # the folder, or either of its two files
+        vq = pathlib.Path(vq)
+        where = find_vqgan(vq if vq.is_dir() else vq.parent)
+    else:
+        where = find_vqgan(folder) or find_vqgan(folder.parent)
+    if where is None:
+        name = "Lumina-mGPT" if flavour == "lumina" else "Anole"
+        raise CheckpointError(f"{folder}: {name} needs Meta's VQGAN to make images (tokenizer/vqgan.yaml and "
+                              f"vqgan.ckpt, not part of transformers' checkpoint): give --vq FOLDER"
+                              + (f" ({vq} has neither)" if vq else ""))
+    decoder = VQGANDecoder.load(*where, device=device, dtype=dtype)
+    n_codes = len(image_code_map(vocab))
+    if decoder.spec.n_embed != n_codes:
+        raise CheckpointError(f"{where[1]}: the VQGAN has {decoder.spec.n_embed} codes but the vocabulary of "
+                              f"{folder} has {n_codes} image tokens")
+    model, tokenizer = load_model(folder, device, dtype)
+
+    def build(size) -> LoadedModel:
+        w, h = (size, size) if isinstance(size, int) else size
+        check_size(flavour, w, h)
+        adapter = ChameleonAdapter(model, tokenizer, ChameleonSpec(flavour, w, h), decoder.codebook())
+
+        def decode(tokens: torch.Tensor) -> torch.Tensor:
+            return decoder.decode(adapter.codes_of(tokens))
+
+        name = "Lumina-mGPT" if flavour == "lumina" else "Anole"
+        return LoadedModel(family=flavour, name=f"{name} ({folder.name})", adapter=adapter, decode=decode,
+                           condition="text", resolutions=LUMINA_SIZES if flavour == "lumina" else (ANOLE_SIZE,),
+                           resize=build, info={"resolution": w if w == h else None, "width": w, "height": h,
+                                               "grid": adapter.layout.grid, "vq": str(where[1])},
+                           modules={"chameleon": model, "vqgan": decoder.model})
+
+    return build((width, height))

@@ -1,0 +1,227 @@
+"""Emu3 (BAAI Emu3-Gen) through transformers (>= 4.48), converted folders (``model_type: emu3``).
+
+One decoder-only LM over text and image tokens: image tokens are ordinary vocabulary entries
+``<|visual token NNNNNN|>`` (code ``NNNNNN`` of the MoVQ codebook, 32768 x 4) scored by the same ``lm_head``,
+and ``Emu3VQVAE`` (spatial downsample 8) turns codes back into pixels.  Ids are never assumed: the id <-> code
+map is transformers' own (``model.vocabulary_mapping.img2bpe``, built from the names in ``config.vocabulary_map``)
+and the structural tokens are looked up by name in the tokenizer and checked against that map.
+
+Reference generation (BAAI's ``image_generation.py`` and the transformers port):
+
+* condition ``<|extra_203|>{prompt}<|image start|>{H}*{W}<|image token|>`` (BOS written as text, sizes in
+  tokens), all of it prefilled;
+* stream: ``H`` rows of ``W`` visual tokens, each row ended by end-of-line ``<|extra_200|>``, then end-of-frame
+  ``<|extra_201|>`` and ``<|image end|>`` (all three forced here; EOS after them is not part of the stream);
+* guidance 3.0 in log-softmax space (``UnbatchedClassifierFreeGuidanceLogitsProcessor``) against a *negative*
+  prompt in the same template; top-k 2048; 720 x 720 pixels (``image_area`` 518400) -> 90 x 90 tokens.
+
+Without a negative prompt the uncond branch uses the reference's :data:`DEFAULT_NEGATIVE`.  The reference also
+appends :data:`POSITIVE_SUFFIX` to every prompt; that is left to the user (prompts are used as given).
+
+``generate`` cannot roll back rejected drafts per sample, so the adapter runs its own loop on a
+:class:`~.hf_cache.RaggedCache`, like :mod:`.janus`.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import torch
+
+from ..sampling.adapter import ImageAdapter, TokenLayout
+from .checkpoints import CheckpointError
+from .hf_cache import RaggedCache
+
+DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
+                    "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
+                    "username, blurry.")
+POSITIVE_SUFFIX = " masterpiece, film grained, best quality."
+#: structural tokens: tokenizer attribute (converted tokenizers name them) and the literal name as a fallback
+TOKENS = {"boi": ("boi_token", "<|image start|>"), "eoi": ("eoi_token", "<|image end|>"),
+          "wrapper": ("image_wrapper_token", "<|image token|>"), "eof": ("eof_token", "<|extra_201|>"),
+          "eol": (None, "<|extra_200|>")}  # transformers hard-codes the end-of-line name too
+DEFAULT_RESOLUTION = 720  # the reference's image_area 518400 = 720 x 720
+PRESETS = (256, 384, 512, 640, 720)
+PROMPT_ROOM = 256  # positions kept for the prompt when sizing the largest image
+
+
+def load_model(folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
+    """``(Emu3ForConditionalGeneration, tokenizer)`` from a converted folder."""
+    from transformers import AutoTokenizer, Emu3ForConditionalGeneration
+
+    folder = pathlib.Path(folder)
+    cfg_path = folder / "config.json"
+    model_type = json.loads(cfg_path.read_text()).get("model_type") if cfg_path.is_file() else None
+    if model_type != "emu3":
+        raise CheckpointError(f"{folder}: config.json model_type {model_type!r} is not 'emu3' (a converted "
+                              "Emu3 folder such as Emu3-community/Emu3-Gen-hf is needed)")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = Emu3ForConditionalGeneration.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
+    return model.to(device=device, dtype=dtype).eval(), tokenizer  # dtype again: older versions ignore it
+
+
+def _pixel_affine(folder: pathlib.Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """VQ output -> [0, 1] is ``x * std + mean`` with the image processor's per-channel values
+    (0.5 and 0.5 in the released folders, which is also the fallback)."""
+    path = folder / "preprocessor_config.json"
+    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    return tuple(torch.tensor(cfg.get(key, 0.5), dtype=torch.float32).view(-1, 1, 1)
+                 for key in ("image_mean", "image_std"))
+
+
+class Emu3Vocabulary:
+    """Structural token ids and the visual token id <-> VQ code map, read and cross-checked at load time."""
+
+    def __init__(self, model, tokenizer):
+        vmap = model.config.vocabulary_map or {}
+        self.ids = {}
+        for key, (attr, literal) in TOKENS.items():
+            name = getattr(tokenizer, attr, None) if attr else None
+            name = name if isinstance(name, str) else literal
+            tid = tokenizer.convert_tokens_to_ids(name)
+            if tid is None or tid == tokenizer.unk_token_id or vmap.get(name, tid) != tid:
+                raise CheckpointError(f"Emu3 tokenizer and config.vocabulary_map disagree on {name!r} "
+                                      f"(tokenizer {tid}, vocabulary_map {vmap.get(name)})")
+            self.ids[key] = tid
+            setattr(self, key, tid)  # self.eol, self.eof, self.boi, self.eoi, self.wrapper
+        if tokenizer.bos_token is None:
+            raise CheckpointError("Emu3 tokenizer has no BOS token (<|extra_203|> in the released folders)")
+        pad = tokenizer.pad_token_id
+        self.pad = pad if pad is not None else model.config.text_config.pad_token_id  # any id: padding is masked
+        self.names = {k: tokenizer.convert_ids_to_tokens(v) for k, v in self.ids.items()}
+        img2bpe = model.vocabulary_mapping.img2bpe  # code -> token id, parsed from the token names
+        codes = model.config.vq_config.codebook_size
+        if sorted(img2bpe) != list(range(codes)):
+            raise CheckpointError(f"Emu3 vocabulary: {len(img2bpe)} visual tokens do not cover the "
+                                  f"{codes}-code VQ codebook")
+        self.code2id = torch.tensor([img2bpe[c] for c in range(codes)], dtype=torch.long)
+        vocab = model.get_output_embeddings().out_features
+        self.id2code = torch.full((vocab,), -1, dtype=torch.long)
+        self.id2code[self.code2id] = torch.arange(codes)
+
+
+class Emu3Adapter(ImageAdapter):
+    guidance = "log_softmax"
+    sampling_defaults = {"cfg_scale": 3.0, "top_k": 2048, "temperature": 1.0}
+
+    def __init__(self, model, tokenizer, grid: int, vocab: Emu3Vocabulary | None = None,
+                 pixel_affine: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.text, self.head = model.model.text_model, model.lm_head
+        self.device = next(model.parameters()).device
+        self.vocab = vocab or Emu3Vocabulary(model, tokenizer)
+        self.vocab_size = self.head.out_features
+        self.rows = self.cols = grid
+        v, W = self.vocab, grid
+        stride = W + 1  # each row ends with end-of-line
+        forced = {r * stride + W: v.eol for r in range(grid)}
+        forced.update({grid * stride: v.eof, grid * stride + 1: v.eoi})
+        self.layout = TokenLayout.raster(grid, W, self.vocab_size, image_ids=v.code2id, forced=forced,
+                                         row_stride=stride, length=grid * stride + 2)
+        self.id2code = v.id2code.to(self.device)
+        self.mean, self.std = (t.to(self.device) for t in pixel_affine or (torch.tensor(0.5), torch.tensor(0.5)))
+        self.cache = None
+
+    def check_conditions(self, conditions, negatives):
+        bad = [c for c in conditions if not isinstance(c, str)]
+        if bad:
+            raise ValueError(f"prompt must be text for Emu3 (got {bad[0]!r})")
+        bad = [n for n in negatives or () if n is not None and not isinstance(n, str)]
+        if bad:
+            raise ValueError(f"negative prompt must be text for Emu3 (got {bad[0]!r})")
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The reference condition: BOS, the prompt, ``<|image start|>{H}*{W}<|image token|>``."""
+        n = self.vocab.names
+        text = f"{self.tokenizer.bos_token}{prompt}{n['boi']}{self.rows}*{self.cols}{n['wrapper']}"
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    @torch.no_grad()
+    def prefill(self, conditions, negatives, guided):
+        rows = [self.prompt_ids(p) for p in conditions]
+        if guided:  # the uncond branch: the negative prompt in the same template
+            negs = list(negatives) if negatives is not None else [None] * len(conditions)
+            rows += [self.prompt_ids(DEFAULT_NEGATIVE if n is None else n) for n in negs]
+        width = max(map(len, rows))
+        pad = self.vocab.pad
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
+        pad_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
+        self.batch = len(conditions)
+        self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
+        self.cache = RaggedCache()
+        hidden = self.text(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state
+        self.cache.commit()
+        return self.head(hidden[:, -1]).float().view(-1, self.batch, self.vocab_size)
+
+    @torch.no_grad()
+    def forward(self, tokens):
+        rows = len(self.cache.valid)
+        ids = tokens.to(self.device).repeat(rows // tokens.shape[0], 1)
+        hidden = self.text(input_ids=ids, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state
+        self.cache.commit()
+        return self.head(hidden).float().view(-1, self.batch, tokens.shape[1], self.vocab_size)
+
+    def rollback(self, n):
+        self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))
+
+    def cache_lengths(self):
+        return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths
+
+    def token_vectors(self):
+        # raw codebook rows: Emu3's quantizer picks codes by plain L2 distance (no normalisation)
+        book = self.model.model.vqmodel.quantize.embedding.weight.detach().float()
+        return self.vocab.code2id.clone(), book
+
+    def cache_bytes(self):
+        if self.cache is None:
+            return None
+        return sum(t.numel() * t.element_size() for layer in self.cache.cache.layers
+                   for t in (layer.keys, layer.values) if t is not None)
+
+    def release(self):
+        self.cache = None
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Image tokens ``[B, rows, cols]`` (visual token ids) -> images ``[B, 3, H, W]`` in [0, 1]."""
+        codes = self.id2code[tokens.to(self.device)]
+        if bool((codes < 0).any()):
+            raise ValueError("Emu3 decode: the tokens include ids that are not visual tokens")
+        pixels = self.model.model.vqmodel.decode(codes)
+        return (pixels.float() * self.std + self.mean).clamp_(0, 1)
+
+
+def allowed_resolutions(downsample: int, max_positions: int) -> range:
+    """Square sizes whose stream (and a prompt) fits the model's positions, in steps of the downsample."""
+    grid = 1
+    while (grid + 1) * (grid + 2) + 3 + PROMPT_ROOM <= max_positions:
+        grid += 1
+    return range(downsample, grid * downsample + 1, downsample)
+
+
+def load(folder, device="cpu", dtype=torch.float32, resolution: int | None = None):
+    """A :class:`~.base.LoadedModel` for a converted Emu3 folder; ``resolution`` in pixels (square, a
+    multiple of the VQ downsample; default 720, the reference's area)."""
+    from .base import LoadedModel
+
+    folder = pathlib.Path(folder)
+    model, tokenizer = load_model(folder, device, dtype)
+    vocab = Emu3Vocabulary(model, tokenizer)
+    affine = _pixel_affine(folder)
+    down = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
+    allowed = allowed_resolutions(down, model.config.text_config.max_position_embeddings)
+    presets = tuple(r for r in PRESETS if r in allowed)
+
+    def build(res: int) -> LoadedModel:
+        if isinstance(res, bool) or not isinstance(res, int) or res not in allowed:
+            raise ValueError(f"resolution must be a multiple of {down} pixels (Emu3's VQ downsample) from "
+                             f"{allowed.start} to {allowed[-1]}, e.g. {', '.join(map(str, presets))} (got {res})")
+        grid = res // down
+        adapter = Emu3Adapter(model, tokenizer, grid, vocab, affine)
+        return LoadedModel(family="emu3", name=f"Emu3 ({folder.name})", adapter=adapter, decode=adapter.decode,
+                           condition="text", resolutions=tuple(sorted({*presets, res})), resize=build,
+                           info={"resolution": res, "grid": grid}, modules={"emu3": model})
+
+    if resolution is None:
+        resolution = DEFAULT_RESOLUTION if DEFAULT_RESOLUTION in allowed else allowed[-1]
+    return build(resolution)
