@@ -85,7 +85,8 @@ def _render(args) -> int:
         if model.decode is None:
             raise ConfigError(f"{model.name} needs its VQ decoder to make images: give --vq")
         decoder = SpeculativeDecoder(model.adapter, config)
-        result = decoder.generate(conditions, seeds=args.seed)
+        negatives = [args.negative_prompt] * args.batch if args.negative_prompt else None
+        result = decoder.generate(conditions, negatives, seeds=args.seed)
     except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "folder with Meta's vqgan.yaml + vqgan.ckpt (Lumina-mGPT, Anole)")
     render.add_argument("--text-encoder", help="T5 folder (LlamaGen text-to-image: a copy of google/flan-t5-xl)")
     render.add_argument("--prompt", help="text prompt")
+    render.add_argument("--negative-prompt", help="negative prompt (Emu3; default: the reference's)")
     render.add_argument("--class-id", type=int, help="class id (class-conditional models)")
     render.add_argument("--mode", default="sjd", help="ar, sjd, gsd, lantern or vvs (default: sjd)")
     render.add_argument("--seed", type=int, default=0)
