@@ -8,6 +8,11 @@ map is read from the checkpoint's ``vocabulary_map``, never assumed.  Pictures
 come from Meta's VQGAN (``tokenizer/vqgan.yaml`` + ``vqgan.ckpt``,
 ``decoders/vqgan.py``), which transformers does not include.
 
+Folders in transformers' format load directly; Meta's release layout
+(``models/7b/consolidated.pth`` + ``params.json``, ``tokenizer/text_tokenizer.json``,
+``tokenizer/vqgan.*``: Chameleon, GAIR's Anole) is converted in memory by
+``chameleon_meta.py``.
+
 Two token grammars (``ChameleonSpec.flavour``):
 
 * **Lumina-mGPT** (Alpha-VLLM's reference ``inference_solver.py``): prompt
@@ -221,7 +226,11 @@ class ChameleonAdapter(ImageAdapter):
 def load_model(folder, device="cpu", dtype=torch.float32):
     from transformers import AutoTokenizer, ChameleonForConditionalGeneration
 
+    from . import chameleon_meta
+
     folder = pathlib.Path(folder)
+    if chameleon_meta.is_meta_layout(folder):  # Meta's release layout, converted in memory
+        return chameleon_meta.load_model(folder, device, dtype)
     model = ChameleonForConditionalGeneration.from_pretrained(str(folder), local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
@@ -233,10 +242,12 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
     ``vqgan.yaml`` + ``vqgan.ckpt``, or the yaml; found in the model folder or its
     ``tokenizer/`` when not given)."""
     from ..decoders.vqgan import VQGANDecoder, find_vqgan
+    from . import chameleon_meta
     from .base import LoadedModel
 
     folder = pathlib.Path(folder)
-    config = json.loads((folder / "config.json").read_text())
+    meta = chameleon_meta.is_meta_layout(folder)
+    config = chameleon_meta.read_config(folder) if meta else json.loads((folder / "config.json").read_text())
     flavour = flavour_of(config)
     vocab = config.get("vocabulary_map") or {}
     if not image_code_map(vocab):
@@ -248,6 +259,8 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
     if vq:  # the folder, or either of its two files
         vq = pathlib.Path(vq)
         where = find_vqgan(vq if vq.is_dir() else vq.parent)
+    elif meta:
+        where = chameleon_meta.find_meta_files(folder)["vqgan"]
     else:
         where = find_vqgan(folder) or find_vqgan(folder.parent)
     if where is None:

@@ -20,8 +20,9 @@ REQUIREMENTS = {
               "(tokenizer/vqgan.yaml + vqgan.ckpt) inside or given",
     "emu3": "an Emu3 folder in transformers' format (Emu3-Gen-hf): config.json with model_type 'emu3', weights "
             "(the VQ-VAE included) and tokenizer files",
-    "anole": "an Anole / Chameleon folder in transformers' format: config.json with model_type 'chameleon', "
-             "weights, tokenizer, and Meta's VQGAN (tokenizer/vqgan.yaml + vqgan.ckpt) inside or given",
+    "anole": "an Anole / Chameleon folder, in transformers' format (config.json with model_type 'chameleon', "
+             "weights, tokenizer) or Meta's (models/7b/consolidated.pth + params.json, tokenizer/text_tokenizer.json), "
+             "with Meta's VQGAN (tokenizer/vqgan.yaml + vqgan.ckpt) inside or given",
 }
 
 
@@ -60,6 +61,10 @@ def detect(path: str | pathlib.Path) -> Detected:
         return Detected("embedded", path)
     found = ""
     if path.is_dir():
+        from .chameleon_meta import is_meta_layout
+
+        if is_meta_layout(path):  # before anything peeks into a 14 GB consolidated.pth
+            return Detected("anole", path, "chameleon-meta")
         config = path / "config.json"
         if config.is_file():
             model_type = json.loads(config.read_text()).get("model_type")
