@@ -146,21 +146,29 @@ def prompt_lines(text: str, file_text: str | None = None) -> list[str]:
 
 @dataclass
 class PreviewThrottle:
-    """Allows a preview only while previews have cost under ``budget`` of the time
-    so far, and not more often than every ``interval`` seconds."""
+    """Allows a preview only when one more (at the average cost so far) keeps all
+    previews under ``budget`` of the time since ``start``, at most every
+    ``interval`` seconds.  The first waits ``first`` seconds: its cost is unknown
+    until measured, and short renders need no preview."""
 
     budget: float = 0.04
     interval: float = 0.5
+    first: float = 2.0
     start: float = field(default_factory=time.perf_counter)
     spent: float = 0.0
-    last: float = -1e9
+    count: int = 0
+    last: float | None = None
 
     def due(self) -> bool:
         now = time.perf_counter()
-        return now - self.last >= self.interval and self.spent <= self.budget * (now - self.start)
+        if self.last is None:
+            return now - self.start >= self.first
+        expected = self.spent / self.count
+        return now - self.last >= self.interval and self.spent + expected <= self.budget * (now - self.start)
 
     def record(self, seconds: float) -> None:
         self.spent += seconds
+        self.count += 1
         self.last = time.perf_counter()
 
 

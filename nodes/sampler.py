@@ -178,6 +178,8 @@ class SpeculativeARSampler(io.ComfyNode):
         label = _label(config)
         rows = [common.report_row(r, label, str(condition)) for r in reports]
         text = "\n".join(r.summary() for r in reports[:1])
+        text += (f"\npreviews: {throttle.count} in {throttle.spent * 1000:.0f} ms "
+                 f"({throttle.spent / max(first.latency_s, 1e-9):.1%} of sampling)")
         if decode is None:
             text += "\n(no VQ decoder: the image shows the token grid; connect a decoder or VQ Decode)"
         return io.NodeOutput(images, text, first.nfe, first.latency_s, first.tokens_per_forward,

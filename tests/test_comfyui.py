@@ -99,14 +99,20 @@ def test_ui_and_api_workflows_agree(object_info):
 
 @pytest.mark.parametrize("mode", ["ar", "sjd", "gsd", "lantern", "vvs"])
 def test_text_to_image_workflow_in_every_mode(server, mode):
-    entry = server.run(_api(f"embedded_t2i_{mode}"))
+    workflow = _api(f"embedded_t2i_{mode}")
+    batch = 8 if mode == "ar" else 1  # long enough (seconds) for live previews
+    next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")["inputs"]["batch_size"] = batch
+    entry = server.run(workflow)
     assert entry["status"]["status_str"] == "success", _failure(entry)
     saved = [img for img in _outputs(entry, "images") if img["type"] == "output"]
-    assert len(saved) == 1 and saved[0]["filename"].startswith(f"spec_ar_{mode}")
+    assert len(saved) == batch and saved[0]["filename"].startswith(f"spec_ar_{mode}")
     png = server.get(f"/view?filename={saved[0]['filename']}&subfolder={saved[0]['subfolder']}&type=output")
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     report = "".join(_outputs(entry, "text"))
     assert report.startswith(f"{mode}: 256 tokens in ")
+    count = int(report.split("previews: ")[1].split()[0])
+    share = float(report.split("% of sampling")[0].rsplit("(", 1)[1])
+    assert share < 5.0 and (count >= 1 or mode != "ar"), report  # live previews, throttled
 
 
 def test_prompt_list_renders_every_prompt_in_one_queue_entry(server):

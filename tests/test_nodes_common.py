@@ -74,7 +74,8 @@ def test_prompt_lines():
 
 
 def test_preview_throttle_keeps_previews_under_budget():
-    throttle = common.PreviewThrottle(budget=0.05, interval=0.0, start=time.perf_counter() - 1.0)
+    assert not common.PreviewThrottle(first=2.0).due()  # nothing in the first seconds
+    throttle = common.PreviewThrottle(budget=0.05, interval=0.0, first=0.5, start=time.perf_counter() - 1.0)
     assert throttle.due()
     throttle.record(0.2)  # 0.2 s of previews after 1 s: over 5 %
     assert not throttle.due()
