@@ -71,6 +71,9 @@ def markdown(results: dict, charts: list[str]) -> str:
              f"{results['threads']} threads). Latency: batch 1, median over {len(results['prompts'])} prompts x "
              f"seeds {results['seeds']} x {results['repeats']} repeats (device-synchronised), spread = "
              "interquartile range. Speed-up and NFE reduction are against `ar` in the same run.", "",
+             *([f"CPU only: no CUDA device on this machine ({results.get('cpu', 'CPU')}); on a GPU the same command "
+                "runs in bfloat16 and the model share of each step grows.", ""] if results["device"] == "cpu"
+               else []),
              "| setting | NFE | NFE reduction | tokens/forward | MAL | latency ms (IQR) | speed-up | outside forwards "
              "| memory MB |" + (" adherence | FD |" if q else ""),
              "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if q else "")]

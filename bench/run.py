@@ -38,6 +38,19 @@ PAPERS = [  # the papers' headline figures, on their models
 ]
 
 
+def _cpu_name() -> str:
+    import os
+    import platform
+
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{platform.processor() or 'CPU'}, {os.cpu_count()} cores"
+
+
 def _device_sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -128,7 +141,7 @@ def run(args, log=print) -> dict:
         f"repeats; {len(runs)} settings")
     results = {"model": model.name, "device": device, "dtype": str(dtype), "torch": torch.__version__,
                "threads": torch.get_num_threads(), "prompts": prompts, "seeds": args.seeds, "repeats": args.repeats,
-               "command": " ".join(sys.argv), "runs": {}}
+               "command": " ".join(sys.argv), "cpu": _cpu_name(), "runs": {}}
     judge = real = None
     if model.family == "embedded" and args.quality_images:
         from ..embedded import domain, judge as judging
