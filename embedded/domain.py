@@ -182,7 +182,7 @@ def _find_position(tokens: list[str]) -> str | None:
 # Rendering.  Lengths are in pixels of a 64-pixel image and scale with `size`.
 
 SUPERSAMPLE = 4           # object edges are computed on a 4x finer grid, then averaged down
-OBJECT_RADIUS = (7.0, 13.0)  # half the object's extent: 14-26 px across
+OBJECT_RADIUS = (9.0, 14.0)  # half the object's extent: 18-28 px across (4.5-7 tokens), so shapes survive 4x4-px tokens
 POSITION_JITTER = 4.0
 COLOUR_JITTER = 0.06
 TONE = (0.25, 0.4)        # how far the pattern's second tone moves from the background colour

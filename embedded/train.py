@@ -56,6 +56,7 @@ class Recipe:
     vq_batch: int = 32
     vq_lr: float = 4e-4
     commit: float = 0.25
+    object_weight: float = 6.0  # extra reconstruction weight on (and just around) the object
     # text encoder and GPT
     text_dim: int = 128
     text_layers: int = 2
@@ -98,7 +99,11 @@ def _schedule(step: int, total: int, warmup: int) -> float:
 
 
 # -- the VQ tokenizer -------------------------------------------------------------------
-def train_vq(r: Recipe, images: np.ndarray, log=print) -> VQModel:
+def train_vq(r: Recipe, images: np.ndarray, coverage: np.ndarray, log=print) -> VQModel:
+    """Reconstruction loss weighs the object's pixels (with a 2-px margin for its
+    edge) ``1 + object_weight`` times: with plain L1+L2 the codebook spends itself
+    on background texture and objects come back as blobs whose shape the judge
+    cannot read (shape accuracy on reconstructions 0.18 vs 0.42 after 250 steps)."""
     torch.manual_seed(r.seed)
     model = VQModel(vq_spec(r)).train()
     opt = torch.optim.Adam(model.parameters(), lr=r.vq_lr, betas=(0.5, 0.9))
@@ -107,7 +112,9 @@ def train_vq(r: Recipe, images: np.ndarray, log=print) -> VQModel:
     for step in range(r.vq_steps):
         for g in opt.param_groups:
             g["lr"] = r.vq_lr * _schedule(step, r.vq_steps, 50)
-        x = _to_tensor(images[torch.randint(0, len(images), (r.vq_batch,), generator=gen).numpy()])
+        pick = torch.randint(0, len(images), (r.vq_batch,), generator=gen).numpy()
+        x = _to_tensor(images[pick])
+        weight = 1 + r.object_weight * F.max_pool2d(torch.from_numpy(coverage[pick]).unsqueeze(1), 5, 1, 2)
         z = F.normalize(model.quant_conv(model.encoder(x)), dim=1)  # [B, d, h, w], unit vectors
         flat = z.permute(0, 2, 3, 1).reshape(-1, r.code_dim)
         book = model.quantize.codebook()
@@ -116,7 +123,8 @@ def train_vq(r: Recipe, images: np.ndarray, log=print) -> VQModel:
         loss_vq = F.mse_loss(zq, flat.detach()) + r.commit * F.mse_loss(flat, zq.detach())
         zq = (flat + (zq - flat).detach()).view(z.shape[0], z.shape[2], z.shape[3], -1).permute(0, 3, 1, 2)
         rec = model.decoder(model.post_quant_conv(zq))
-        loss_rec = F.l1_loss(rec, x) + F.mse_loss(rec, x)
+        err = rec - x
+        loss_rec = (weight * (err.abs() + err.square())).mean() / weight.mean()
         loss = loss_rec + loss_vq
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -199,7 +207,7 @@ def save(out: pathlib.Path, r: Recipe, vq: VQModel, gpt: LlamaGenGPT, text: Text
             tensors[prefix + k] = v.detach().to(torch.float16).contiguous()
     save_file(tensors, str(out / "model.safetensors"))
     config = {"format": "spec_ar-embedded", "version": 1, "recipe": asdict(r), "vocabulary": text.vocabulary[2:],
-              "resolution": r.size, "grid": r.grid, "sampling_defaults": {"cfg_scale": 3.0, "top_k": None},
+              "resolution": r.size, "grid": r.grid, "sampling_defaults": {"cfg_scale": 2.5, "top_k": None},
               "training": stats}
     (out / "config.json").write_text(json.dumps(config, indent=1))
 
@@ -217,9 +225,10 @@ def run(r: Recipe, out: pathlib.Path = WEIGHTS, log=print) -> dict:
         lap.t = now
 
     lap.t = t0
-    images, scenes, captions = domain.make_dataset(r.images, seed=r.seed, size=r.size, drop=r.drop)
+    images, scenes, captions, coverage = domain.make_dataset(r.images, seed=r.seed, size=r.size, drop=r.drop,
+                                                             coverage=True)
     lap("dataset")
-    vq = train_vq(r, images, log)
+    vq = train_vq(r, images, coverage, log)
     lap("vq")
     codes = encode_dataset(vq, images)
     used = len(torch.unique(codes))

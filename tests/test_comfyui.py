@@ -100,7 +100,7 @@ def test_ui_and_api_workflows_agree(object_info):
 @pytest.mark.parametrize("mode", ["ar", "sjd", "gsd", "lantern", "vvs"])
 def test_text_to_image_workflow_in_every_mode(server, mode):
     workflow = _api(f"embedded_t2i_{mode}")
-    batch = 8 if mode == "ar" else 1  # long enough (seconds) for live previews
+    batch = 32 if mode == "ar" else 1  # long enough (several seconds) for live previews
     next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")["inputs"]["batch_size"] = batch
     entry = server.run(workflow)
     assert entry["status"]["status_str"] == "success", _failure(entry)

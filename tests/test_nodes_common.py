@@ -90,6 +90,6 @@ def test_partial_preview_greys_rows_not_yet_committed():
     def decode(grid):  # a white 4 x 4-pixel square per token
         return torch.ones(grid.shape[0], 3, 16, 16)
 
-    img = torch.from_numpy(np.asarray(common.partial_preview(decode, tokens, 6, layout)))
+    img = torch.from_numpy(np.array(common.partial_preview(decode, tokens, 6, layout)))
     assert (img[:4] == 255).all() and (img[4:8, :8] == 255).all()  # row 0 and half of row 1 committed
     assert (img[4:8, 8:] == 128).all() and (img[8:] == 128).all()
