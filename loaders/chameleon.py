@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling.adapter import ImageAdapter, TokenLayout
+from ..sampling.adapter import TokenLayout
 from .checkpoints import CheckpointError
-from .hf_cache import RaggedCache
+from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
 LUMINA_TEMPLATE = "Generate an image of {w}x{h} according to the following prompt:\n{prompt}"
@@ -95,7 +95,7 @@ def check_size(flavour: str, width: int, height: int) -> None:
         raise ValueError(f"Anole generates {ANOLE_SIZE}x{ANOLE_SIZE} images only (got {width}x{height})")
 
 
-class ChameleonAdapter(ImageAdapter):
+class ChameleonAdapter(RaggedCacheAdapter):
     def __init__(self, model, tokenizer, spec: ChameleonSpec, codebook: torch.Tensor | None = None):
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
         self.inner, self.head = model.model, model.lm_head
@@ -195,12 +195,6 @@ class ChameleonAdapter(ImageAdapter):
         self.cache.commit()
         return self._logits(hidden)
 
-    def rollback(self, n):
-        self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))
-
-    def cache_lengths(self):
-        return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths
-
     def token_vectors(self):
         book = self.codebook
         if book is None:  # the converted checkpoint carries the VQ encoder's codebook
@@ -209,15 +203,6 @@ class ChameleonAdapter(ImageAdapter):
         if book is None:
             return None
         return self.image_ids, book[self.code_of[self.image_ids]].to(self.device)
-
-    def cache_bytes(self):
-        if self.cache is None:
-            return None
-        return sum(t.numel() * t.element_size() for layer in self.cache.cache.layers
-                   for t in (layer.keys, layer.values) if t is not None)
-
-    def release(self):
-        self.cache = None
 
     def codes_of(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.code_of.to(tokens.device)[tokens]

@@ -28,9 +28,9 @@ import pathlib
 
 import torch
 
-from ..sampling.adapter import ImageAdapter, TokenLayout
+from ..sampling.adapter import TokenLayout
 from .checkpoints import CheckpointError
-from .hf_cache import RaggedCache
+from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
                     "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
@@ -100,7 +100,7 @@ class Emu3Vocabulary:
         self.id2code[self.code2id] = torch.arange(codes)
 
 
-class Emu3Adapter(ImageAdapter):
+class Emu3Adapter(RaggedCacheAdapter):
     guidance = "log_softmax"
     sampling_defaults = {"cfg_scale": 3.0, "top_k": 2048, "temperature": 1.0}
 
@@ -161,25 +161,10 @@ class Emu3Adapter(ImageAdapter):
         self.cache.commit()
         return self.head(hidden).float().view(-1, self.batch, tokens.shape[1], self.vocab_size)
 
-    def rollback(self, n):
-        self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))
-
-    def cache_lengths(self):
-        return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths
-
     def token_vectors(self):
         # raw codebook rows: Emu3's quantizer picks codes by plain L2 distance (no normalisation)
         book = self.model.model.vqmodel.quantize.embedding.weight.detach().float()
         return self.vocab.code2id.clone(), book
-
-    def cache_bytes(self):
-        if self.cache is None:
-            return None
-        return sum(t.numel() * t.element_size() for layer in self.cache.cache.layers
-                   for t in (layer.keys, layer.values) if t is not None)
-
-    def release(self):
-        self.cache = None
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:

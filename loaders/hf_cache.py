@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from ..sampling.adapter import ImageAdapter
+
 
 class RaggedCache:
     def __init__(self, slack: int = 64):
@@ -81,3 +83,28 @@ class RaggedCache:
             idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
         self.mask = self.mask.gather(1, order)
+
+
+class RaggedCacheAdapter(ImageAdapter):
+    """What the transformers-based adapters (Janus, Chameleon, Emu3) share: a
+    :class:`RaggedCache` whose rows are the ``batch`` samples of each guidance
+    branch in turn, after prompts of ``prompt_lengths`` tokens (set by ``prefill``)."""
+
+    cache: RaggedCache | None = None
+    batch: int = 0
+    prompt_lengths: torch.Tensor | None = None
+
+    def rollback(self, n):
+        self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))  # the same for every branch
+
+    def cache_lengths(self):
+        return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths
+
+    def cache_bytes(self):
+        if self.cache is None:
+            return None
+        return sum(t.numel() * t.element_size() for layer in self.cache.cache.layers
+                   for t in (layer.keys, layer.values) if t is not None)
+
+    def release(self):
+        self.cache = None

@@ -24,9 +24,9 @@ import re
 
 import torch
 
-from ..sampling.adapter import ImageAdapter, TokenLayout
+from ..sampling.adapter import TokenLayout
 from .checkpoints import CheckpointError, load_file, state_dict
-from .hf_cache import RaggedCache
+from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
 BOI, PAD = "<begin_of_image>", "<｜▁pad▁｜>"
@@ -152,7 +152,7 @@ def load_model(folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
-class JanusAdapter(ImageAdapter):
+class JanusAdapter(RaggedCacheAdapter):
     guidance = "linear"
     sampling_defaults = {"cfg_scale": 5.0, "temperature": 1.0}
 
@@ -211,24 +211,9 @@ class JanusAdapter(ImageAdapter):
         self.cache.commit()
         return self.head(hidden).float().view(-1, self.batch, tokens.shape[1], self.vocab_size)
 
-    def rollback(self, n):
-        self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))
-
-    def cache_lengths(self):
-        return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths
-
     def token_vectors(self):
         book = self.model.model.vqmodel.quantize.embedding.weight.detach().float()
         return torch.arange(book.shape[0]), torch.nn.functional.normalize(book, dim=-1)
-
-    def cache_bytes(self):
-        if self.cache is None:
-            return None
-        return sum(t.numel() * t.element_size() for layer in self.cache.cache.layers
-                   for t in (layer.keys, layer.values) if t is not None)
-
-    def release(self):
-        self.cache = None
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -152,7 +152,7 @@ class SpeculativeARSampler(io.ComfyNode):
         conditions = [condition] * batch_size
         loaded.adapter.check_conditions(conditions, negatives)
         decode = vq.decode if vq is not None else loaded.decode
-        config.validate(codebook_size=_codebook_size(loaded))
+        decoder = SpeculativeDecoder(loaded.adapter, config)  # checks k against the codebook, before any loading
 
         model.ready()
         layout = loaded.adapter.layout
@@ -169,7 +169,6 @@ class SpeculativeARSampler(io.ComfyNode):
                 throttle.record(time.perf_counter() - t)
             bar.update_absolute(done, layout.length, preview)
 
-        decoder = SpeculativeDecoder(loaded.adapter, config)
         result = decoder.generate(conditions, negatives, seeds=seed, callback=progress)
         tokens = result.image_tokens(layout)
         images = decode(tokens).permute(0, 2, 3, 1).float().cpu() if decode is not None else code_grid_image(tokens)
@@ -184,11 +183,6 @@ class SpeculativeARSampler(io.ComfyNode):
             text += "\n(no VQ decoder: the image shows the token grid; connect a decoder or VQ Decode)"
         return io.NodeOutput(images, text, first.nfe, first.latency_s, first.tokens_per_forward,
                              common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), loaded.name))
-
-
-def _codebook_size(loaded):
-    vectors = loaded.adapter.token_vectors()
-    return None if vectors is None else int(vectors[0].numel())
 
 
 class VQDecode(io.ComfyNode):
