@@ -51,7 +51,8 @@ def chart(series: list[Series], title: str = "", xlabel: str = "", ylabel: str =
     img = Image.new("RGB", size, "white")
     d = ImageDraw.Draw(img)
     f, small = _font(15), _font(12)
-    left, right, top, bottom = 70, 20 + 150, 40, 55
+    legend = max((d.textlength(s.label, font=small) for s in series), default=0.0)
+    left, right, top, bottom = 70, int(20 + 40 + legend), 40, 55
     fx = (lambda v: math.log10(max(v, 1e-12))) if log_x else (lambda v: v)
     xs = [fx(x) for s in series for x in s.xs] or [0.0, 1.0]
     ys = [y for s in series for y in s.ys] or [0.0, 1.0]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from collections import defaultdict
 
@@ -14,11 +15,22 @@ def _int_keys(d: dict) -> dict:
 
 
 def _family(label: str) -> str:
-    return label.split()[0]
+    """The curve a setting belongs to in the Pareto charts: its mode plus any swapped part
+    (``vvs schedule=similarity``); "X on Y" settings stand alone."""
+    if " on " in label:
+        return label
+    mode, *knobs = label.split()
+    return " ".join([mode] + [k for k in knobs if k.startswith(("schedule=", "acceptance="))])
+
+
+def _point(label: str, family: str) -> str:
+    """A setting's label on its family's curve: the knobs the family does not name."""
+    return " ".join(w for w in label.split() if w not in family.split())
 
 
 def write(results: dict, out: pathlib.Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    results["targets"] = targets(results)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     runs = results["runs"]
     quality = all("adherence" in r for r in runs.values())
@@ -39,10 +51,13 @@ def write(results: dict, out: pathlib.Path) -> None:
                 series = []
                 for fam, items in groups.items():
                     items = sorted(items, key=lambda kv: kv[1][xkey])
+                    points = [_point(lbl, fam) for lbl, _ in items]
+                    knobs = {w.split("=")[0] for p in points for w in p.split()}
                     series.append(Series(fam, [r[xkey] for _, r in items], [r[metric] for _, r in items],
-                                         labels=[lbl[len(fam):].strip() for lbl, _ in items]))
+                                         labels=points, line=len(knobs) <= 1))  # a curve only along one knob
                 path = f"{fname}_{metric}.png"
-                chart(series, title=f"{name} against {xname}", xlabel=xname, ylabel=name).save(out / path)
+                chart(series, title=f"{name} against {xname}", xlabel=xname, ylabel=name,
+                      size=(960, 560)).save(out / path)
                 charts.append(path)
     if "scaling_tokens" in results:
         st = _int_keys(results["scaling_tokens"])
@@ -64,6 +79,50 @@ def write(results: dict, out: pathlib.Path) -> None:
     (out / "report.md").write_text(markdown(results, charts))
 
 
+def targets(results: dict) -> list[dict]:
+    """Issue 7's targets on the embedded model, each with what was measured and a verdict."""
+    from .run import ADHERENCE_MARGIN
+
+    runs = results["runs"]
+    ar = runs["ar"]
+    if "adherence" not in ar:
+        return []
+    out = []
+    floor = results["noise_floor_fd"]
+    if "sjd" in runs:
+        r = runs["sjd"]
+        gap = abs(r["fd"] - ar["fd"])
+        out.append({"target": "`sjd`: >= 2x fewer forward passes than `ar`, quality inside the noise floor",
+                    "measured": f"{r['nfe_reduction']:.2f}x fewer; FD to real {r['fd']:.1f} vs `ar` {ar['fd']:.1f} "
+                                f"(gap {gap:.1f}, noise floor {floor:.1f}); FD to `ar` samples {r['fd_to_ar']:.1f}",
+                    "met": bool(r["nfe_reduction"] >= 2 and gap <= floor)})
+    gsd = {lbl: r for lbl, r in runs.items() if _family(lbl) == "gsd"}
+    if gsd:
+        kept = {lbl: r for lbl, r in gsd.items() if r["adherence"] >= ar["adherence"] - ADHERENCE_MARGIN}
+        best = max(kept or gsd, key=lambda lbl: (kept or gsd)[lbl]["nfe_reduction"])
+        r = gsd[best]
+        out.append({"target": "`gsd` at its best setting: >= 3.5x fewer forward passes, prompt adherence within "
+                              "2 points of `ar`",
+                    "measured": f"`{best}`: {r['nfe_reduction']:.2f}x fewer; adherence {r['adherence']:.1%} vs `ar` "
+                                f"{ar['adherence']:.1%}" + ("" if kept else " (no `gsd` setting kept adherence)"),
+                    "met": bool(kept and r["nfe_reduction"] >= 3.5)})
+    best = results.get("best_relaxed")
+    if best and f"vvs on {best}" in runs:
+        base, r = runs[best], runs[f"vvs on {best}"]
+        out.append({"target": "`vvs` on top of the best relaxed acceptance beats that acceptance alone in tokens "
+                              "per forward",
+                    "measured": f"best relaxed `{best}` {base['tokens_per_forward']:.2f} tokens/forward; with VVS "
+                                f"uniform skipping {r['tokens_per_forward']:.2f} (adherence {r['adherence']:.1%} vs "
+                                f"{base['adherence']:.1%})",
+                    "met": bool(r["tokens_per_forward"] > base["tokens_per_forward"])})
+    return out
+
+
+def _se(p: float, n: int) -> float:
+    """Binomial standard error of a share, in points."""
+    return 100 * math.sqrt(max(p * (1 - p), 1e-12) / max(n, 1))
+
+
 def markdown(results: dict, charts: list[str]) -> str:
     runs = results["runs"]
     q = all("adherence" in r for r in runs.values())
@@ -75,21 +134,31 @@ def markdown(results: dict, charts: list[str]) -> str:
                 "runs in bfloat16 and the model share of each step grows.", ""] if results["device"] == "cpu"
                else []),
              "| setting | NFE | NFE reduction | tokens/forward | MAL | latency ms (IQR) | speed-up | outside forwards "
-             "| memory MB |" + (" adherence | FD |" if q else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if q else "")]
+             "| memory MB |" + (" adherence | colour / shape / position | FD to real | FD to `ar` |" if q else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if q else "")]
     for label, r in runs.items():
         row = (f"| {label} | {r['nfe']:.1f} | {r['nfe_reduction']:.2f}x | {r['tokens_per_forward']:.2f} | "
                f"{r['mean_accepted_length']:.2f} | {r['latency_median_s'] * 1e3:.0f} "
                f"({r['latency_q1_s'] * 1e3:.0f}-{r['latency_q3_s'] * 1e3:.0f}) | {r['speedup']:.2f}x | "
                f"{r['outside_forwards']:.0%} | {r['memory_mb']:.1f} |")
         if q:
-            row += f" {r['adherence']:.1%} | {r['fd']:.1f} |"
+            parts = " / ".join(f"{r['adherence_parts'][k]:.0%}" for k in ("colour", "shape", "position"))
+            fd_ar = "-" if label == "ar" else f"{r['fd_to_ar']:.1f}"
+            row += f" {r['adherence']:.1%} | {parts} | {r['fd']:.1f} | {fd_ar} |"
         lines.append(row)
     if q:
         other = results["ar_other_seeds"]
         lines += ["", f"Noise floor: Frechet distance between two `ar` runs with different seeds = "
                       f"{results['noise_floor_fd']:.1f}; `ar` with the other seeds: adherence "
-                      f"{other['adherence']:.1%}, FD to real {other['fd']:.1f}."]
+                      f"{other['adherence']:.1%}, FD to real {other['fd']:.1f}. Adherence is over "
+                      f"{other['quality_images']} images (standard error about "
+                      f"{_se(runs['ar']['adherence'], other['quality_images']):.1f} points per setting).",
+                  "", "FD to `ar`: the distance between a setting's samples and `ar`'s (same prompts and seeds); "
+                      "a lossless setting lands near the noise floor."]
+        goals = targets(results)
+        if goals:
+            lines += ["", "### Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+            lines += [f"| {g['target']} | {g['measured']} | {'met' if g['met'] else 'MISSED'} |" for g in goals]
     lines += ["", "| paper | their model | their headline figures |", "|---|---|---|"]
     from .run import PAPERS
 

@@ -12,13 +12,43 @@ def test_bench_writes_tables_charts_and_quality(tmp_path, capsys):
                  "--prompts", str(prompts), "--quality-images", "8", "--quality-batch", "8",
                  "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
-    assert list(res["runs"]) == ["ar", "sjd", "gsd G=1", "gsd G=10"]
+    best = res["best_relaxed"]  # VVS skipping is added on the relaxed setting with the most tokens per forward
+    assert best in ("gsd G=1", "gsd G=10")
+    assert list(res["runs"]) == ["ar", "sjd", "gsd G=1", "gsd G=10", f"vvs on {best}", f"vvs-sim on {best}"]
+    assert res["runs"][f"vvs on {best}"]["settings"]["schedule"] == "uniform"
+    assert res["runs"][f"vvs on {best}"]["settings"]["group_size"] == res["runs"][best]["settings"]["group_size"]
     ar, sjd = res["runs"]["ar"], res["runs"]["sjd"]
     assert ar["nfe"] == 256 and ar["nfe_reduction"] == 1.0 and sjd["nfe"] < 256
     assert 0 < sjd["outside_forwards"] < 1 and sjd["memory_mb"] > 0 and 0 <= sjd["adherence"] <= 1
-    assert res["noise_floor_fd"] >= 0 and "fd" in res["runs"]["gsd G=10"]
+    assert res["noise_floor_fd"] >= 0 and "fd" in res["runs"]["gsd G=10"] and res["runs"]["sjd"]["fd_to_ar"] > 0
+    assert set(res["runs"]["sjd"]["adherence_parts"]) == {"colour", "shape", "position"}
+    verdicts = res["targets"]  # one per issue target: sjd, gsd, vvs on the best relaxed setting
+    assert [t["target"][:5] for t in verdicts] == ["`sjd`", "`gsd`", "`vvs`"]
+    assert all(isinstance(t["met"], bool) and t["measured"] for t in verdicts)
     report = (out / "report.md").read_text()
-    assert "| gsd G=10 |" in report and "CPU only" in report and "Noise floor" in report
+    assert "### Targets" in report and "| gsd G=10 |" in report and "CPU only" in report and "Noise floor" in report
     assert "GSD (So et al., ICCV 2025)" in report  # the papers' figures, labelled as theirs
     for png in ("modes_nfe.png", "pareto_nfe_adherence.png", "pareto_latency_fd.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def _row(nfe, adherence, fd, tpf=None, **extra):
+    return {"nfe": nfe, "nfe_reduction": 256 / nfe, "tokens_per_forward": tpf or 256 / nfe, "adherence": adherence,
+            "fd": fd, "fd_to_ar": 50.0, **extra}
+
+
+def test_target_verdicts_follow_the_issue_rules():
+    from spec_ar.bench.report import targets
+
+    results = {"noise_floor_fd": 40.0, "best_relaxed": "gsd G=3", "runs": {
+        "ar": _row(256, 0.20, 1000),
+        "sjd": _row(100, 0.21, 1030),  # 2.56x fewer, FD gap 30 <= floor 40
+        "gsd G=3": _row(70, 0.185, 1050),  # 3.66x, adherence 1.5 points down: kept
+        "gsd G=50": _row(40, 0.17, 1100),  # 6.4x but 3 points down: not kept
+        "vvs on gsd G=3": _row(50, 0.18, 1060, tpf=5.0)}}
+    sjd, gsd, vvs = targets(results)
+    assert sjd["met"] and gsd["met"] and vvs["met"] and "`gsd G=3`" in gsd["measured"]
+    results["runs"]["sjd"]["fd"] = 1041  # gap 41 > floor 40
+    results["runs"]["gsd G=3"]["adherence"] = 0.175  # 2.5 points down: no gsd setting kept adherence
+    results["runs"]["vvs on gsd G=3"]["tokens_per_forward"] = 256 / 70
+    assert [t["met"] for t in targets(results)] == [False, False, False]
