@@ -126,6 +126,7 @@ def _se(p: float, n: int) -> float:
 def markdown(results: dict, charts: list[str]) -> str:
     runs = results["runs"]
     q = all("adherence" in r for r in runs.values())
+    nll = all("target_nll" in r for r in runs.values())  # older results.json files lack it
     lines = [f"Model: {results['model']} on {results['device']} ({results['dtype']}, torch {results['torch']}, "
              f"{results['threads']} threads). Latency: batch 1, median over {len(results['prompts'])} prompts x "
              f"seeds {results['seeds']} x {results['repeats']} repeats (device-synchronised), spread = "
@@ -134,18 +135,27 @@ def markdown(results: dict, charts: list[str]) -> str:
                 "runs in bfloat16 and the model share of each step grows.", ""] if results["device"] == "cpu"
                else []),
              "| setting | NFE | NFE reduction | tokens/forward | MAL | latency ms (IQR) | speed-up | outside forwards "
-             "| memory MB |" + (" adherence | colour / shape / position | FD to real | FD to `ar` |" if q else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if q else "")]
+             "| memory MB |" + (" target NLL |" if nll else "")
+             + (" adherence | colour / shape / position | FD to real | FD to `ar` |" if q else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if nll else "") + ("---|---|---|---|" if q else "")]
     for label, r in runs.items():
         row = (f"| {label} | {r['nfe']:.1f} | {r['nfe_reduction']:.2f}x | {r['tokens_per_forward']:.2f} | "
                f"{r['mean_accepted_length']:.2f} | {r['latency_median_s'] * 1e3:.0f} "
                f"({r['latency_q1_s'] * 1e3:.0f}-{r['latency_q3_s'] * 1e3:.0f}) | {r['speedup']:.2f}x | "
                f"{r['outside_forwards']:.0%} | {r['memory_mb']:.1f} |")
+        if nll:
+            row += f" {r['target_nll']:.3f} ± {r['target_nll_se']:.3f}" + (
+                f" ({r['zero_mass_tokens']:.1%} zero-mass)" if r["zero_mass_tokens"] else "") + " |"
         if q:
             parts = " / ".join(f"{r['adherence_parts'][k]:.0%}" for k in ("colour", "shape", "position"))
             fd_ar = "-" if label == "ar" else f"{r['fd_to_ar']:.1f}"
             row += f" {r['adherence']:.1%} | {parts} | {r['fd']:.1f} | {fd_ar} |"
         lines.append(row)
+    if nll:
+        lines += ["", "Target NLL: nats per image token that the model, with the setting's own guidance and "
+                      "sampling settings, assigns the image tokens the setting committed (mean over the latency "
+                      "runs ± standard error). A lossless setting matches `ar` within the error; a relaxed one "
+                      "that accepts tokens the target finds unlikely scores higher."]
     if q:
         other = results["ar_other_seeds"]
         lines += ["", f"Noise floor: Frechet distance between two `ar` runs with different seeds = "

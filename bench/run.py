@@ -5,10 +5,13 @@
 
 Per mode and setting: forward passes (NFE), tokens per forward, mean accepted
 length, latency per image at batch 1 (device-synchronised; median and spread
-over prompts, seeds and repeats), speed-up against ``ar`` measured in the same
-run, the share of time outside model forwards, peak memory, and quality: on the
-embedded model the judge's prompt adherence and a Frechet distance to real
-renders next to its noise floor (two ``ar`` runs with different seeds).
+over prompts, seeds and repeats; settings take turns run by run), speed-up
+against ``ar`` measured in the same run, the share of time outside model
+forwards, peak memory, and quality: on every model the target NLL (how unlikely
+the model, with the same sampling settings, finds the image tokens a setting
+committed); on the embedded model also the judge's prompt adherence and a
+Frechet distance to real renders next to its noise floor (two ``ar`` runs with
+different seeds).
 ``--scaling`` adds forward passes and latency against the number of image tokens
 (a synthetic model at several grids) and images per second against batch size.
 Writes ``results.json``, ``report.md`` and PNG charts into ``--out``.
@@ -26,6 +29,7 @@ import time
 import numpy as np
 import torch
 
+from ..loaders.checkpoints import CheckpointError
 from ..sampling import ConfigError, DecodeConfig, SpeculativeDecoder
 from .sweeps import parse_sweep
 
@@ -66,14 +70,32 @@ def speed(model, configs: dict[str, DecodeConfig], prompts, seeds, repeats: int,
     for decoder in decoders.values():
         decoder.generate(prompts[:1], seeds=seeds[0])  # warm-up
     reports: dict[str, list] = {label: [] for label in configs}
+    scores: dict[str, list] = {label: [] for label in configs}
+    image = model.adapter.layout.image_positions()
     for rep in range(repeats):
         for seed in seeds:
             for i, prompt in enumerate(prompts):
                 for label, decoder in decoders.items():
-                    reports[label].append(decoder.generate([prompt], seeds=seed * 1000 + i).reports[0])
+                    res = decoder.generate([prompt], seeds=seed * 1000 + i)
+                    reports[label].append(res.reports[0])
+                    # after the timed run: the target's log-likelihood of what was committed
+                    scores[label].append(decoder.target_log_likelihood([prompt], res.tokens)[0, image.to(
+                        res.tokens.device)].cpu())
         if log:
             log(f"  latency round {rep + 1}/{repeats} done")
-    return {label: _speed_row(reps) for label, reps in reports.items()}
+    return {label: _speed_row(reps) | _likelihood_row(scores[label]) for label, reps in reports.items()}
+
+
+def _likelihood_row(scores: list[torch.Tensor]) -> dict:
+    """Target NLL, nats per image token: a quality measure any model offers offline.  Lossless modes
+    match ``ar`` within its standard error; a relaxed one that commits tokens the target finds unlikely
+    scores higher.  Tokens the target gives no mass are counted, not averaged in."""
+    ll = torch.stack(scores)
+    finite = torch.isfinite(ll)
+    per_image = [-float(row[ok].mean()) for row, ok in zip(ll, finite)]
+    return {"target_nll": float(np.mean(per_image)),
+            "target_nll_se": float(np.std(per_image, ddof=1) / np.sqrt(len(per_image))) if len(per_image) > 1
+            else 0.0, "zero_mass_tokens": float((~finite).float().mean())}
 
 
 def _speed_row(reports) -> dict:
@@ -153,12 +175,20 @@ def scaling_batch(model, modes, prompts, log) -> dict:
 
 
 def run(args, log=print) -> dict:
-    from ..loaders.detect import load_model
+    from ..loaders.detect import detect, load_model
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model = load_model(args.model, device=device, dtype=dtype)
     prompts = [p.strip() for p in pathlib.Path(args.prompts).read_text().splitlines() if p.strip()]
+    if not prompts:
+        raise ConfigError(f"--prompts {args.prompts} holds no prompt (one per line)")
+    if detect(args.model).detail == "c2i":  # class-conditional: the list holds class ids (checked before loading)
+        bad = [p for p in prompts if not p.isdigit()]
+        if bad:
+            raise ConfigError(f"{args.model} is class-conditional: --prompts must hold one class id per line "
+                              f"(got {bad[0]!r})")
+        prompts = [int(p) for p in prompts]
+    model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device=device, dtype=dtype)
     runs = [(m, DecodeConfig(mode=m)) for m in args.modes]
     for spec in args.sweep:
         runs += parse_sweep(spec)
@@ -225,7 +255,10 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="spec-ar bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="embedded")
+    ap.add_argument("--model", default="embedded", help="checkpoint file or folder (any family), or 'embedded'")
+    ap.add_argument("--vq", help="VQ tokenizer file, where the family keeps it apart (LlamaGen)")
+    ap.add_argument("--text-encoder", help="T5 folder for LlamaGen t2i")
+    ap.add_argument("--resolution", type=int)
     ap.add_argument("--prompts", default=str(PROMPTS))
     ap.add_argument("--modes", nargs="+", default=["ar", "sjd", "gsd", "lantern", "vvs"])
     ap.add_argument("--sweep", nargs="*", default=[], help="e.g. gsd:G=1,3,10,25,50,100 lantern:delta=0.1,0.2,0.4")
@@ -241,7 +274,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         results = run(args)
-    except ConfigError as err:
+    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     from .report import write

@@ -232,6 +232,31 @@ class SpeculativeDecoder:
         ad.release()
         return torch.cat([reduce(first), reduce(rest)], 1)
 
+    @torch.no_grad()
+    def target_log_likelihood(self, conditions: Sequence, tokens: torch.Tensor, negatives=None,
+                              chunk: int = 256) -> torch.Tensor:
+        """``log p(token)`` under the verified distribution (same guidance and
+        sampling settings) at every position of given streams ``[B, length]``:
+        how likely the target finds what a setting committed.  ``-inf`` where
+        it gives the token no mass; 0 at forced positions.  The stream is scored
+        ``chunk`` positions per forward, so memory stays bounded on long streams."""
+        ad = self.adapter
+        tokens = tokens.to(ad.device)
+        B, T = tokens.shape
+        out = torch.empty(B, T, dtype=torch.float32, device=ad.device)
+        try:
+            p = self.pipeline(ad.prefill(list(conditions), negatives, self.guided).unsqueeze(2),
+                              torch.zeros(B, 1, dtype=torch.long, device=ad.device))
+            out[:, :1] = p.gather(-1, tokens[:, :1, None]).squeeze(-1)
+            for start in range(1, T, chunk):
+                stop = min(start + chunk, T)
+                pos = torch.arange(start, stop, device=ad.device).expand(B, -1)
+                p = self.pipeline(ad.forward(tokens[:, start - 1:stop - 1]), pos)
+                out[:, start:stop] = p.gather(-1, tokens[:, start:stop, None]).squeeze(-1)
+        finally:
+            ad.release()
+        return out.log()
+
     # -- the loop -----------------------------------------------------------
     def _run(self, conditions, negatives, seeds, callback):
         ad = self.adapter

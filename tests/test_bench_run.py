@@ -3,6 +3,8 @@ import json
 
 from spec_ar.cli import main
 
+from .checkpoints import random_gpt, tiny_gpt_spec, write_gpt, write_vq
+
 
 def test_bench_writes_tables_charts_and_quality(tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
@@ -22,11 +24,12 @@ def test_bench_writes_tables_charts_and_quality(tmp_path, capsys):
     assert 0 < sjd["outside_forwards"] < 1 and sjd["memory_mb"] > 0 and 0 <= sjd["adherence"] <= 1
     assert res["noise_floor_fd"] >= 0 and "fd" in res["runs"]["gsd G=10"] and res["runs"]["sjd"]["fd_to_ar"] > 0
     assert set(res["runs"]["sjd"]["adherence_parts"]) == {"colour", "shape", "position"}
+    assert 0 < ar["target_nll"] < 10 and ar["zero_mass_tokens"] == sjd["zero_mass_tokens"] == 0
     verdicts = res["targets"]  # one per issue target: sjd, gsd, vvs on the best relaxed setting
     assert [t["target"][:5] for t in verdicts] == ["`sjd`", "`gsd`", "`vvs`"]
     assert all(isinstance(t["met"], bool) and t["measured"] for t in verdicts)
     report = (out / "report.md").read_text()
-    assert "### Targets" in report and "| gsd G=10 |" in report and "CPU only" in report and "Noise floor" in report
+    assert "| target NLL |" in report and "### Targets" in report and "| gsd G=10 |" in report and "CPU only" in report and "Noise floor" in report
     assert "GSD (So et al., ICCV 2025)" in report  # the papers' figures, labelled as theirs
     for png in ("modes_nfe.png", "pareto_nfe_adherence.png", "pareto_latency_fd.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
@@ -52,3 +55,31 @@ def test_target_verdicts_follow_the_issue_rules():
     results["runs"]["gsd G=3"]["adherence"] = 0.175  # 2.5 points down: no gsd setting kept adherence
     results["runs"]["vvs on gsd G=3"]["tokens_per_forward"] = 256 / 70
     assert [t["met"] for t in targets(results)] == [False, False, False]
+
+
+def test_bench_on_another_family_reports_target_likelihood(tmp_path, capsys):
+    """Any checkpoint the pack loads can be benched; quality is then the target's own NLL."""
+    (tmp_path / "c2i").mkdir()
+    gpt = write_gpt(tmp_path / "c2i" / "weights.pt", random_gpt(tiny_gpt_spec("c2i"), 1))
+    write_vq(tmp_path / "c2i" / "vq.pt")
+    ids = tmp_path / "classes.txt"
+    ids.write_text("1\n3\n")
+    out = tmp_path / "bench"
+    assert main(["bench", "--model", str(gpt), "--resolution", "64", "--prompts", str(ids), "--modes", "ar", "sjd",
+                 "--sweep", "lantern:delta=1.0;k=50", "--seeds", "0", "--repeats", "1", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    ar, sjd, loose = res["runs"]["ar"], res["runs"]["sjd"], res["runs"]["lantern delta=1.0 k=50"]
+    assert res["prompts"] == [1, 3] and "adherence" not in ar and res["targets"] == []
+    # exact modes never commit a token the target gives no mass (top-k 2000 of 1024 codes: none)
+    assert ar["zero_mass_tokens"] == sjd["zero_mass_tokens"] == 0 and ar["target_nll"] > 0
+    # a full total-variation budget accepts neighbours the target finds less likely than its own samples
+    assert loose["target_nll"] > ar["target_nll"]
+    assert "| target NLL |" in (out / "report.md").read_text()
+
+
+def test_bench_checks_the_prompt_list_before_loading(tmp_path, capsys):
+    gpt = write_gpt(tmp_path / "weights.pt", random_gpt(tiny_gpt_spec("c2i"), 1))
+    words = tmp_path / "prompts.txt"
+    words.write_text("a red fox\n")
+    assert main(["bench", "--model", str(gpt), "--prompts", str(words), "--out", str(tmp_path / "b")]) == 2
+    assert "class-conditional: --prompts must hold one class id per line (got 'a red fox')" in capsys.readouterr().err

@@ -121,3 +121,19 @@ def test_target_probabilities_score_a_stream_in_one_forward(model):
     assert torch.allclose(picked[:, forced], torch.ones_like(picked[:, forced]))
     top1 = dec.target_probabilities([0, 1], res.tokens)
     assert top1.shape == res.tokens.shape and bool((top1 >= picked - 1e-6).all())
+
+
+def test_target_log_likelihood_scores_committed_tokens_in_chunks(model):
+    dec = SpeculativeDecoder(model, DecodeConfig(mode="ar", top_k=50))
+    res = dec.generate([0, 1], seeds=3)
+    full = dec.target_probabilities([0, 1], res.tokens, reduce=lambda p: p)
+    expected = full.gather(-1, res.tokens.unsqueeze(-1)).squeeze(-1).log()
+    for chunk in (3, 256):  # chunk boundaries inside and beyond the stream
+        ll = dec.target_log_likelihood([0, 1], res.tokens, chunk=chunk)
+        assert torch.allclose(ll, expected, atol=1e-5)
+    forced = model.layout.forced >= 0
+    assert (ll[:, forced] == 0).all() and torch.isfinite(ll).all()
+    outside = res.tokens.clone()  # a token top-k 50 excludes has no mass
+    free = int(torch.nonzero(~forced)[3])
+    outside[:, free] = full[:, free].argmin(-1)
+    assert torch.isneginf(dec.target_log_likelihood([0, 1], outside)[:, free]).all()
