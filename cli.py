@@ -59,10 +59,15 @@ def _render(args) -> int:
     from PIL import Image
 
     from .loaders.checkpoints import CheckpointError
+    from .loaders.base import resolve_device
     from .loaders.detect import load_model
     from .sampling import ConfigError, DecodeConfig, SpeculativeDecoder
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = resolve_device(args.device)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
         args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
     names = {f.name for f in dataclasses.fields(DecodeConfig)} - {"mode"}

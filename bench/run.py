@@ -175,9 +175,10 @@ def scaling_batch(model, modes, prompts, log) -> dict:
 
 
 def run(args, log=print) -> dict:
+    from ..loaders.base import resolve_device
     from ..loaders.detect import detect, load_model
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     prompts = [p.strip() for p in pathlib.Path(args.prompts).read_text().splitlines() if p.strip()]
     if not prompts:

@@ -30,3 +30,25 @@ class LoadedModel:
     @property
     def resolution(self) -> int | None:
         return self.info.get("resolution")
+
+
+def resolve_device(requested: str | None) -> str:
+    """``requested`` (``cpu``, ``cuda``, ``cuda:1`` ...) checked against this machine, or the
+    default: ``cuda`` when present, else ``cpu``."""
+    from ..sampling.config import ConfigError
+
+    if requested is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(requested)
+    except RuntimeError as err:
+        raise ConfigError(f"device must be cpu, cuda or cuda:N (got {requested!r})") from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {requested!r}: no CUDA device on this machine (torch {torch.__version__}); "
+                              "use cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {requested!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise ConfigError(f"device must be cpu, cuda or cuda:N (got {requested!r})")
+    return requested

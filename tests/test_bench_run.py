@@ -1,5 +1,7 @@
-"""`spec-ar bench` end to end on the embedded model, at a tiny size."""
+"""`spec-ar bench` end to end: the embedded model at a tiny size, another family, bad input."""
 import json
+
+import pytest
 
 from spec_ar.cli import main
 
@@ -83,3 +85,22 @@ def test_bench_checks_the_prompt_list_before_loading(tmp_path, capsys):
     words.write_text("a red fox\n")
     assert main(["bench", "--model", str(gpt), "--prompts", str(words), "--out", str(tmp_path / "b")]) == 2
     assert "class-conditional: --prompts must hold one class id per line (got 'a red fox')" in capsys.readouterr().err
+
+
+def test_device_is_checked_before_anything_loads(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from spec_ar.loaders.base import resolve_device
+    from spec_ar.sampling import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device(None) == "cpu"
+    assert main(["bench", "--device", "cuda", "--out", str(tmp_path / "b")]) == 2
+    assert "device 'cuda': no CUDA device on this machine" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a one-GPU machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device(None) == "cuda" and resolve_device("cuda:0") == "cuda:0"
+    for bad, message in (("cuda:3", "has 1 CUDA device"), ("tpu", "must be cpu, cuda or cuda:N"),
+                         ("mps", "must be cpu, cuda or cuda:N")):
+        with pytest.raises(ConfigError, match=message):
+            resolve_device(bad)
