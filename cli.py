@@ -63,16 +63,12 @@ def _render(args) -> int:
     from .loaders.detect import load_model
     from .sampling import ConfigError, DecodeConfig, SpeculativeDecoder
 
-    try:
-        device = resolve_device(args.device)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
-        args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
     names = {f.name for f in dataclasses.fields(DecodeConfig)} - {"mode"}
     settings = {k: v for k, v in vars(args).items() if k in names and v is not None}
     try:
+        device = resolve_device(args.device)
+        dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+            args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
         config = DecodeConfig(mode=args.mode, **settings).validate()
         model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, dtype, args.width,
                            args.height)

@@ -165,7 +165,7 @@ def markdown(results: dict, charts: list[str]) -> str:
                       f"{_se(runs['ar']['adherence'], other['quality_images']):.1f} points per setting).",
                   "", "FD to `ar`: the distance between a setting's samples and `ar`'s (same prompts and seeds); "
                       "a lossless setting lands near the noise floor."]
-        goals = targets(results)
+        goals = results["targets"]
         if goals:
             lines += ["", "### Targets", "", "| target | measured | verdict |", "|---|---|---|"]
             lines += [f"| {g['target']} | {g['measured']} | {'met' if g['met'] else 'MISSED'} |" for g in goals]

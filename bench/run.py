@@ -71,7 +71,7 @@ def speed(model, configs: dict[str, DecodeConfig], prompts, seeds, repeats: int,
         decoder.generate(prompts[:1], seeds=seeds[0])  # warm-up
     reports: dict[str, list] = {label: [] for label in configs}
     scores: dict[str, list] = {label: [] for label in configs}
-    image = model.adapter.layout.image_positions()
+    image = model.adapter.layout.image_positions().to(model.adapter.device)
     for rep in range(repeats):
         for seed in seeds:
             for i, prompt in enumerate(prompts):
@@ -79,8 +79,7 @@ def speed(model, configs: dict[str, DecodeConfig], prompts, seeds, repeats: int,
                     res = decoder.generate([prompt], seeds=seed * 1000 + i)
                     reports[label].append(res.reports[0])
                     # after the timed run: the target's log-likelihood of what was committed
-                    scores[label].append(decoder.target_log_likelihood([prompt], res.tokens)[0, image.to(
-                        res.tokens.device)].cpu())
+                    scores[label].append(decoder.target_log_likelihood([prompt], res.tokens)[0, image].cpu())
         if log:
             log(f"  latency round {rep + 1}/{repeats} done")
     return {label: _speed_row(reps) | _likelihood_row(scores[label]) for label, reps in reports.items()}
@@ -183,7 +182,7 @@ def run(args, log=print) -> dict:
     prompts = [p.strip() for p in pathlib.Path(args.prompts).read_text().splitlines() if p.strip()]
     if not prompts:
         raise ConfigError(f"--prompts {args.prompts} holds no prompt (one per line)")
-    if detect(args.model).detail == "c2i":  # class-conditional: the list holds class ids (checked before loading)
+    if detect(args.model).condition == "class":  # the list holds class ids (checked before loading)
         bad = [p for p in prompts if not p.isdigit()]
         if bad:
             raise ConfigError(f"{args.model} is class-conditional: --prompts must hold one class id per line "
@@ -209,9 +208,10 @@ def run(args, log=print) -> dict:
         judge = judging.load_judge(embedded.FOLDER / "judge.safetensors")
         sp = scenes_and_prompts(args.quality_images, 12345)
         real = judging.image_features(judge, domain.render_batch(sp[0], [10**6 + i for i in range(len(sp[0]))]))
-    ar_feats = {}
+    ar_feats = None
 
     def measure(configs: dict[str, DecodeConfig]):
+        nonlocal ar_feats
         for label, row in speed(model, configs, prompts, args.seeds, args.repeats, log).items():
             config = configs[label]
             row["settings"] = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
@@ -220,11 +220,11 @@ def run(args, log=print) -> dict:
                 q = quality(model, judge, config, sp, real, seed=0, batch=args.quality_batch)
                 feats = q.pop("_feats")
                 if label == "ar":  # noise floor: the same prompts with other seeds
-                    ar_feats["ar"] = feats
+                    ar_feats = feats
                     q2 = quality(model, judge, config, sp, real, seed=10**5, batch=args.quality_batch)
                     results["noise_floor_fd"] = judging.frechet_distance(q2.pop("_feats"), feats)
                     results["ar_other_seeds"] = q2
-                q["fd_to_ar"] = judging.frechet_distance(feats, ar_feats["ar"])
+                q["fd_to_ar"] = judging.frechet_distance(feats, ar_feats)
                 row.update(q)
             results["runs"][label] = row
             log(f"  {label:28s} NFE {row['nfe']:6.1f}  TPF {row['tokens_per_forward']:5.2f}  "

@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 
 from ..sampling.adapter import ImageAdapter
+from ..sampling.config import ConfigError
 
 
 @dataclass
@@ -35,8 +36,6 @@ class LoadedModel:
 def resolve_device(requested: str | None) -> str:
     """``requested`` (``cpu``, ``cuda``, ``cuda:1`` ...) checked against this machine, or the
     default: ``cuda`` when present, else ``cpu``."""
-    from ..sampling.config import ConfigError
-
     if requested is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:

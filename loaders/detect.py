@@ -32,6 +32,11 @@ class Detected:
     path: pathlib.Path
     detail: str = ""
 
+    @property
+    def condition(self) -> str:
+        """What the model is conditioned on, known before loading: "class" or "text"."""
+        return "class" if self.family == "llamagen" and self.detail == "c2i" else "text"
+
 
 def _describe(keys: dict) -> str:
     names = sorted(keys)

@@ -219,43 +219,42 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def target_probabilities(self, conditions: Sequence, tokens: torch.Tensor, negatives=None,
-                             reduce=lambda p: p.amax(-1)) -> torch.Tensor:
-        """The verified distribution at every position of given streams (one
-        forward over the whole stream), reduced per position by ``reduce``
-        (default: its top-1 probability).  ``tokens``: ``[B, length]``."""
-        ad = self.adapter
-        B, T = tokens.shape
-        first = self.pipeline(ad.prefill(list(conditions), negatives, self.guided).unsqueeze(2),
-                              torch.zeros(B, 1, dtype=torch.long, device=ad.device))
-        pos = torch.arange(1, T, device=ad.device).expand(B, -1)
-        rest = self.pipeline(ad.forward(tokens[:, :-1].to(ad.device)), pos)
-        ad.release()
-        return torch.cat([reduce(first), reduce(rest)], 1)
+                             reduce=lambda p: p.amax(-1), chunk: int | None = None) -> torch.Tensor:
+        """The verified distribution at every position of given streams, reduced
+        per position by ``reduce`` (default: its top-1 probability).  ``tokens``:
+        ``[B, length]``; scored ``chunk`` positions per forward (default: the
+        whole stream in one)."""
+        return self._score(conditions, tokens, negatives, lambda p, _: reduce(p), chunk)
 
-    @torch.no_grad()
     def target_log_likelihood(self, conditions: Sequence, tokens: torch.Tensor, negatives=None,
-                              chunk: int = 256) -> torch.Tensor:
+                              chunk: int | None = 256) -> torch.Tensor:
         """``log p(token)`` under the verified distribution (same guidance and
         sampling settings) at every position of given streams ``[B, length]``:
         how likely the target finds what a setting committed.  ``-inf`` where
-        it gives the token no mass; 0 at forced positions.  The stream is scored
-        ``chunk`` positions per forward, so memory stays bounded on long streams."""
+        it gives the token no mass; 0 at forced positions.  ``chunk`` positions
+        per forward keep memory bounded on long streams."""
+        return self._score(conditions, tokens, negatives,
+                           lambda p, toks: p.gather(-1, toks.unsqueeze(-1)).squeeze(-1), chunk).log()
+
+    @torch.no_grad()
+    def _score(self, conditions, tokens, negatives, pick, chunk):
+        """``pick(p, tokens)`` per chunk of positions of teacher-forced streams, concatenated."""
         ad = self.adapter
         tokens = tokens.to(ad.device)
         B, T = tokens.shape
-        out = torch.empty(B, T, dtype=torch.float32, device=ad.device)
+        chunk = chunk or T
         try:
             p = self.pipeline(ad.prefill(list(conditions), negatives, self.guided).unsqueeze(2),
                               torch.zeros(B, 1, dtype=torch.long, device=ad.device))
-            out[:, :1] = p.gather(-1, tokens[:, :1, None]).squeeze(-1)
+            parts = [pick(p, tokens[:, :1])]
             for start in range(1, T, chunk):
                 stop = min(start + chunk, T)
                 pos = torch.arange(start, stop, device=ad.device).expand(B, -1)
-                p = self.pipeline(ad.forward(tokens[:, start - 1:stop - 1]), pos)
-                out[:, start:stop] = p.gather(-1, tokens[:, start:stop, None]).squeeze(-1)
+                parts.append(pick(self.pipeline(ad.forward(tokens[:, start - 1:stop - 1]), pos),
+                                  tokens[:, start:stop]))
         finally:
             ad.release()
-        return out.log()
+        return torch.cat(parts, 1)
 
     # -- the loop -----------------------------------------------------------
     def _run(self, conditions, negatives, seeds, callback):
