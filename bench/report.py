@@ -127,6 +127,7 @@ def markdown(results: dict, charts: list[str]) -> str:
     runs = results["runs"]
     q = all("adherence" in r for r in runs.values())
     nll = all("target_nll" in r for r in runs.values())  # older results.json files lack it
+    rss = all("peak_rss_mb" in r for r in runs.values())  # Linux only; older files lack it
     lines = [f"Model: {results['model']} on {results['device']} ({results['dtype']}, torch {results['torch']}, "
              f"{results['threads']} threads). Latency: batch 1, median over {len(results['prompts'])} prompts x "
              f"seeds {results['seeds']} x {results['repeats']} repeats (device-synchronised), spread = "
@@ -135,14 +136,16 @@ def markdown(results: dict, charts: list[str]) -> str:
                 "runs in bfloat16 and the model share of each step grows.", ""] if results["device"] == "cpu"
                else []),
              "| setting | NFE | NFE reduction | tokens/forward | MAL | latency ms (IQR) | speed-up | outside forwards "
-             "| memory MB |" + (" target NLL |" if nll else "")
+             "| memory MB |" + (" peak RSS MB |" if rss else "") + (" target NLL |" if nll else "")
              + (" adherence | colour / shape / position | FD to real | FD to `ar` |" if q else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|" if nll else "") + ("---|---|---|---|" if q else "")]
+             "|" + "---|" * (9 + rss + nll + 4 * q)]
     for label, r in runs.items():
         row = (f"| {label} | {r['nfe']:.1f} | {r['nfe_reduction']:.2f}x | {r['tokens_per_forward']:.2f} | "
                f"{r['mean_accepted_length']:.2f} | {r['latency_median_s'] * 1e3:.0f} "
                f"({r['latency_q1_s'] * 1e3:.0f}-{r['latency_q3_s'] * 1e3:.0f}) | {r['speedup']:.2f}x | "
                f"{r['outside_forwards']:.0%} | {r['memory_mb']:.1f} |")
+        if rss:
+            row += f" {r['peak_rss_mb']:.0f} |"
         if nll:
             row += f" {r['target_nll']:.3f} ± {r['target_nll_se']:.3f}" + (
                 f" ({r['zero_mass_tokens']:.1%} zero-mass)" if r["zero_mass_tokens"] else "") + " |"
@@ -151,6 +154,9 @@ def markdown(results: dict, charts: list[str]) -> str:
             fd_ar = "-" if label == "ar" else f"{r['fd_to_ar']:.1f}"
             row += f" {r['adherence']:.1%} | {parts} | {r['fd']:.1f} | {fd_ar} |"
         lines.append(row)
+    if rss:
+        lines += ["", "Memory MB: engine state and KV cache at the end of a run on CPU, peak allocated on CUDA. "
+                      "Peak RSS MB: the whole process's peak resident memory during a run (weights included)."]
     if nll:
         lines += ["", "Target NLL: nats per image token that the model, with the setting's own guidance and "
                       "sampling settings, assigns the image tokens the setting committed (mean over the latency "

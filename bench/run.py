@@ -60,6 +60,23 @@ def _device_sync(device):
         torch.cuda.synchronize()
 
 
+def _reset_peak_rss() -> bool:
+    """Start a new peak of this process's resident memory (Linux: ``/proc/self/clear_refs``)."""
+    try:
+        pathlib.Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory since the last reset, MB (``VmHWM``)."""
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def speed(model, configs: dict[str, DecodeConfig], prompts, seeds, repeats: int, log=None) -> dict[str, dict]:
     """Batch-of-one runs over prompts x seeds x repeats for every setting.
 
@@ -71,18 +88,23 @@ def speed(model, configs: dict[str, DecodeConfig], prompts, seeds, repeats: int,
         decoder.generate(prompts[:1], seeds=seeds[0])  # warm-up
     reports: dict[str, list] = {label: [] for label in configs}
     scores: dict[str, list] = {label: [] for label in configs}
+    peaks: dict[str, list] = {label: [] for label in configs}
     image = model.adapter.layout.image_positions().to(model.adapter.device)
     for rep in range(repeats):
         for seed in seeds:
             for i, prompt in enumerate(prompts):
                 for label, decoder in decoders.items():
+                    tracked = _reset_peak_rss()
                     res = decoder.generate([prompt], seeds=seed * 1000 + i)
+                    if tracked:  # the whole process at its peak: weights, caches, buffers
+                        peaks[label].append(_peak_rss_mb())
                     reports[label].append(res.reports[0])
                     # after the timed run: the target's log-likelihood of what was committed
                     scores[label].append(decoder.target_log_likelihood([prompt], res.tokens)[0, image].cpu())
         if log:
             log(f"  latency round {rep + 1}/{repeats} done")
-    return {label: _speed_row(reps) | _likelihood_row(scores[label]) for label, reps in reports.items()}
+    return {label: _speed_row(reps) | _likelihood_row(scores[label])
+            | ({"peak_rss_mb": max(peaks[label])} if peaks[label] else {}) for label, reps in reports.items()}
 
 
 def _likelihood_row(scores: list[torch.Tensor]) -> dict:

@@ -24,6 +24,8 @@ def test_bench_writes_tables_charts_and_quality(tmp_path, capsys):
     ar, sjd = res["runs"]["ar"], res["runs"]["sjd"]
     assert ar["nfe"] == 256 and ar["nfe_reduction"] == 1.0 and sjd["nfe"] < 256
     assert 0 < sjd["outside_forwards"] < 1 and sjd["memory_mb"] > 0 and 0 <= sjd["adherence"] <= 1
+    # the process peak includes the loaded weights (8 MB of safetensors) and torch itself
+    assert sjd["peak_rss_mb"] > 50 and "| peak RSS MB |" in (out / "report.md").read_text()
     assert res["noise_floor_fd"] >= 0 and "fd" in res["runs"]["gsd G=10"] and res["runs"]["sjd"]["fd_to_ar"] > 0
     assert set(res["runs"]["sjd"]["adherence_parts"]) == {"colour", "shape", "position"}
     assert 0 < ar["target_nll"] < 10 and ar["zero_mass_tokens"] == sjd["zero_mass_tokens"] == 0
@@ -31,6 +33,9 @@ def test_bench_writes_tables_charts_and_quality(tmp_path, capsys):
     assert [t["target"][:5] for t in verdicts] == ["`sjd`", "`gsd`", "`vvs`"]
     assert all(isinstance(t["met"], bool) and t["measured"] for t in verdicts)
     report = (out / "report.md").read_text()
+    lines = report.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("| setting |"))
+    assert lines[at + 1].count("---") == lines[at].count("|") - 1  # one separator cell per column
     assert "| target NLL |" in report and "### Targets" in report and "| gsd G=10 |" in report and "CPU only" in report and "Noise floor" in report
     assert "GSD (So et al., ICCV 2025)" in report  # the papers' figures, labelled as theirs
     for png in ("modes_nfe.png", "pareto_nfe_adherence.png", "pareto_latency_fd.png"):
