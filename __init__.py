@@ -5,7 +5,10 @@ ComfyUI imports this folder (under whatever name it was cloned as) and reads
 Importing it loads no torch and no model code; the nodes import the engine when
 they run.
 """
-from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+if __package__:  # a package: ComfyUI's import (any folder name) or pip's spec_ar
+    from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+else:  # the bare file, as pytest imports a pack folder whose name is no identifier
+    NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = {}, {}
 
 __version__ = "0.1.0"
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -37,6 +37,19 @@ print(eng.DecodeConfig().mode)
     assert run_python(code).split() == ["dict", "sjd"]
 
 
+def test_the_entry_point_imports_as_a_bare_file():
+    """pytest imports the pack folder's __init__.py as a plain module when the folder's
+    name is no identifier (``ComfyUI-SpeculativeAR``): no package, no nodes, no error."""
+    code = f"""
+import importlib.util
+spec = importlib.util.spec_from_file_location("__init__", {str(ROOT / '__init__.py')!r})
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+print(mod.NODE_CLASS_MAPPINGS)
+"""
+    assert run_python(code).strip() == "{}"
+
+
 def test_comfyui_is_imported_only_in_nodes_and_the_entry_point():
     allowed = {ROOT / "__init__.py"} | set((ROOT / "nodes").rglob("*.py"))
     comfy = ("comfy", "comfy_api", "folder_paths", "server", "execution", "nodes")
