@@ -8,6 +8,7 @@ import torch
 
 from ..sampling.adapter import ImageAdapter
 from ..sampling.config import ConfigError
+from ..sampling.memory import HEADROOM, check_fits, free_bytes
 
 
 @dataclass
@@ -27,10 +28,49 @@ class LoadedModel:
     info: dict = field(default_factory=dict)
     #: every torch module the model runs (GPT, text encoder, VQ): what ComfyUI's memory manager moves
     modules: dict[str, torch.nn.Module] = field(default_factory=dict)
+    #: the decoder's activations for one image (an estimate; 0: unknown)
+    decode_bytes_per_image: int = 0
+    #: what the user should know about how the model was loaded (e.g. a guessed image grid)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def resolution(self) -> int | None:
         return self.info.get("resolution")
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.adapter.device)
+
+    def check_decoder_fits(self) -> None:
+        """Before decoding starts: one image's decode must fit the free memory."""
+        check_fits({"VQ decoder": self.decode_bytes_per_image}, 1, self.device, what="decode")
+
+    def decode_images(self, tokens: torch.Tensor, decode=None) -> torch.Tensor:
+        """Image tokens ``[B, rows, cols]`` -> images ``[B, 3, H, W]`` float32 in [0, 1] on
+        the CPU, decoded as many at a time as the free memory holds (``decode``: another
+        decoder than the model's own)."""
+        return decode_in_chunks(decode or self.decode, tokens, self.decode_bytes_per_image, self.device)
+
+
+def decode_in_chunks(decode, tokens: torch.Tensor, bytes_per_image: int, device) -> torch.Tensor:
+    free = free_bytes(device) if bytes_per_image else None
+    chunk = len(tokens) if free is None else max(1, int(HEADROOM * free // bytes_per_image))
+    return torch.cat([decode(tokens[i:i + chunk]).float().cpu() for i in range(0, len(tokens), chunk)])
+
+
+#: live full-resolution tensors in a VQ decoder's last level (input, norm, activation, conv outputs)
+DECODER_LIVE_TENSORS = 8
+
+
+def decoder_bytes(pixels: int, channels: int, itemsize: int) -> int:
+    """An estimate of a VQ decoder's peak activations for one image of ``pixels``
+    pixels whose last level has ``channels`` channels."""
+    return DECODER_LIVE_TENSORS * pixels * channels * itemsize
+
+
+def vq_decoder_bytes(vq_config, side: int, dtype: torch.dtype) -> int:
+    """:func:`decoder_bytes` for a transformers VQ-VAE config (Janus, Emu3) at ``side`` pixels."""
+    return decoder_bytes(side * side, vq_config.base_channels * vq_config.channel_multiplier[0], dtype.itemsize)
 
 
 def resolve_device(requested: str | None) -> str:

@@ -90,6 +90,7 @@ class RaggedCacheAdapter(ImageAdapter):
     :class:`RaggedCache` whose rows are the ``batch`` samples of each guidance
     branch in turn, after prompts of ``prompt_lengths`` tokens (set by ``prefill``)."""
 
+    SLACK = 64  # RaggedCache's default room for holes before compacting
     cache: RaggedCache | None = None
     batch: int = 0
     prompt_lengths: torch.Tensor | None = None
@@ -105,6 +106,15 @@ class RaggedCacheAdapter(ImageAdapter):
             return None
         return sum(t.numel() * t.element_size() for layer in self.cache.cache.layers
                    for t in (layer.keys, layer.values) if t is not None)
+
+    def cache_bytes_per_image(self, conditions, negatives, guided):
+        text = self.model.config.get_text_config()
+        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        prompt = max(len(self.prompt_ids(c)) for c in list(conditions) + list(negatives or []))
+        positions = prompt + self.layout.length + 2 * self.SLACK  # holes and windows past the end
+        itemsize = next(self.model.parameters()).element_size()
+        return self.branches(guided) * positions * text.num_hidden_layers * 2 * heads * head_dim * itemsize
 
     def release(self):
         self.cache = None

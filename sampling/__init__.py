@@ -6,7 +6,7 @@
 """
 from .adapter import ImageAdapter, TokenLayout
 from .config import DRAFT_INITS, MODES, ConfigError, DecodeConfig
-from .engine import DecodeResult, SpeculativeDecoder, StepEvent
+from .engine import DecodeResult, NonFiniteError, SpeculativeDecoder, StepEvent
 from .report import ORIGINS, DecodeReport
 
 
@@ -17,5 +17,5 @@ def generate(adapter, conditions, config: DecodeConfig | None = None, negatives=
 
 __all__ = [
     "ConfigError", "DecodeConfig", "DecodeReport", "DecodeResult", "DRAFT_INITS", "ImageAdapter", "MODES",
-    "ORIGINS", "SpeculativeDecoder", "StepEvent", "TokenLayout", "generate",
+    "NonFiniteError", "ORIGINS", "SpeculativeDecoder", "StepEvent", "TokenLayout", "generate",
 ]

@@ -123,5 +123,12 @@ class ImageAdapter:
         """Bytes held by the KV cache now (for memory reports), if known."""
         return None
 
+    def cache_bytes_per_image(self, conditions: Sequence, negatives: Sequence | None, guided: bool) -> int | None:
+        """Bytes the KV cache will hold per image for a batch of ``conditions``
+        (every guidance branch, the longest condition, a whole image and the
+        windows past its end), estimated before ``prefill`` allocates it; None
+        if unknown (the request is then sized without it)."""
+        return None
+
     def release(self) -> None:
         """Free per-generation state (KV caches)."""

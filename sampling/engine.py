@@ -22,6 +22,12 @@ A verified step, for every sample at once:
 A skipped step (VVS) commits part of each sample's informed draft tail without a
 forward.  The only host synchronisation per step is reading the new lengths
 (plus the skip plan); plain AR needs none.
+
+A verified distribution that is not one (NaN, from a NaN or infinite logit, as
+float16 weights produce when they overflow) stops decoding with
+:class:`NonFiniteError` naming the step and position; it is read from the row
+totals the sampler computes anyway, and reaches the host with the step's one
+synchronisation (AR: every ``AR_CHECK_EVERY`` steps, naming the first bad one).
 """
 from __future__ import annotations
 
@@ -36,10 +42,24 @@ from .acceptance import DraftDistributions, make_rule
 from .adapter import ImageAdapter
 from .config import ConfigError, DecodeConfig
 from .drafts import DraftSource, JacobiDrafts
+from .memory import check_fits
 from .neighbours import TokenGeometry
 from .processing import build_pipeline
 from .report import ACCEPTED, COMMITTED, FORCED, PENDING, RESAMPLED, SAMPLED, DecodeReport
 from .schedule import make_schedule
+
+AR_CHECK_EVERY = 32  # AR steps between host checks for a non-finite distribution
+
+
+class NonFiniteError(ValueError):
+    """The model's output holds NaN or infinity where a distribution is sampled."""
+
+    def __init__(self, step: int, sample: int, position: int):
+        self.step, self.sample, self.position = step, sample, position
+        super().__init__(
+            f"the model's output at step {step} (image {sample} of the batch, stream position {position}) "
+            "holds NaN or infinity, so there is nothing to sample; float16 weights overflow like this: load the "
+            "model in bfloat16 or float32")
 
 
 @dataclass
@@ -74,22 +94,16 @@ class _State:
         self.layout, self.length = lay, lay.length
         self.batch = len(seeds)
         self.seeds = seeds
-        self.keys = rng.seed_keys(torch.tensor(seeds, dtype=torch.long, device=device))
+        self.keys = rng.seed_keys(seeds, device)
         self.batch_idx = torch.arange(self.batch, device=device).unsqueeze(1)
-        self.drafts = config.drafts
-        self.skips = config.verify_schedule != "every" and self.drafts > 0
-        self.max_commit = self.drafts + 1 if self.skips else 0  # longest unverified commit
-        self.horizon = self.drafts + self.max_commit  # drafts kept past the committed prefix
-        self.max_window = self.drafts + 1 + self.max_commit
-        pad = 2 * (self.max_window + self.horizon) + 4
+        self.drafts, self.skips, self.max_commit, self.horizon, self.max_window, pad, self.ring_size = \
+            _sizes(config, lay)
         self.forced_at = torch.cat([lay.forced, torch.full((pad,), -1, dtype=torch.long)]).to(device)
         free = torch.where(self.forced_at < 0, torch.arange(self.forced_at.numel(), device=device), -1)
         self.prev_free = torch.cummax(free, 0).values  # nearest free position <= t
         self.image_ids = torch.nonzero(lay.image_tokens).flatten().to(device)
         self.seq = self.image_ids[0].repeat(self.batch, self.length + pad)  # pad: any image token
         self.scratch = self.length + pad - 1  # a seq column that absorbs masked writes; never read
-        above = lay.row_stride if config.init.endswith("above") else 0
-        self.ring_size = above + 2 * (self.max_window + self.horizon) + 4
         # q (or committed p) rows by position modulo ring_size; the extra slot
         # absorbs masked-out writes and is never read
         self.ring = (torch.zeros(self.batch, self.ring_size + 1, adapter.vocab_size, device=device)
@@ -114,6 +128,7 @@ class _State:
         # positions whose token is fixed by the layout (forced), if any
         self.any_forced = bool((lay.forced >= 0).any())
         self.step = 0
+        self.bad_step = torch.full((self.batch,), -1, dtype=torch.long, device=device)  # AR: first NaN step
         self.verified_since_skip = 0
         self.window_positions = None
         # (kind, committed before, committed after, rejected, position of the drawn
@@ -142,6 +157,19 @@ class _State:
         tail = self.informed_end - self.n_committed
         room = self.length - self.n_committed
         return torch.minimum(torch.minimum(tail, mal), room).clamp(min=0)
+
+
+def _sizes(config: DecodeConfig, layout) -> tuple[int, bool, int, int, int, int, int]:
+    """drafts, skips, longest unverified commit, horizon (drafts kept past the
+    committed prefix), longest window, stream padding, ring slots."""
+    drafts = config.drafts
+    skips = config.verify_schedule != "every" and drafts > 0
+    max_commit = drafts + 1 if skips else 0
+    horizon = drafts + max_commit
+    max_window = drafts + 1 + max_commit
+    pad = 2 * (max_window + horizon) + 4
+    above = layout.row_stride if config.init.endswith("above") else 0
+    return drafts, skips, max_commit, horizon, max_window, pad, above + pad
 
 
 class SpeculativeDecoder:
@@ -212,10 +240,26 @@ class SpeculativeDecoder:
         if len(seeds) != len(conditions) or not all(isinstance(s, int) for s in seeds):
             raise ConfigError(f"seeds must be one integer per prompt ({len(conditions)}), got {seeds!r}")
         self.adapter.check_conditions(conditions, negatives)
+        check_fits(self.memory_per_image(conditions, negatives), len(conditions), self.adapter.device)
         try:
             return self._run(conditions, negatives, seeds, callback)
         finally:
             self.adapter.release()
+
+    def memory_per_image(self, conditions: Sequence, negatives: Sequence | None = None) -> dict[str, int]:
+        """Bytes one image of a batch of ``conditions`` needs while decoding, by part
+        (estimates, before anything is allocated): the KV cache (the adapter's
+        figure, 0 if it gives none) and the engine's state."""
+        ad, lay = self.adapter, self.adapter.layout
+        drafts, _, _, _, window, pad, ring = _sizes(self.config, lay)
+        rows = (ring + 1) if drafts else 0  # the ring of draft distributions
+        # window buffers (probabilities, cumulative sums), the adapter's float32 logits per
+        # branch, and the acceptance rules' temporaries, all [window, vocab]
+        rows += window * (2 + ad.branches(self.guided) + 3)
+        state = 4 * ad.vocab_size * rows + 8 * (lay.length + pad)
+        cache = ad.cache_bytes_per_image(list(conditions), None if negatives is None else list(negatives),
+                                         self.guided) or 0
+        return {"KV cache": cache, "decoding state": state}
 
     @torch.no_grad()
     def target_probabilities(self, conditions: Sequence, tokens: torch.Tensor, negatives=None,
@@ -271,7 +315,8 @@ class SpeculativeDecoder:
         zero = torch.zeros(B, 1, dtype=torch.long, device=device)
         probs = self.pipeline(logits.unsqueeze(2), zero)  # [B, 1, V]
         u = rng.uniform(st.keys, 0, rng.VERIFY, zero, lanes=2)[..., 1:]
-        st.seq[:, :1] = rng.categorical(probs, u).view(B, 1)
+        st.seq[:, :1] = rng.categorical(probs, u, st.buffer("cumsum", 1)).view(B, 1)
+        _raise_if_nonfinite(st.buffer("cumsum", 1)[:, 0, -1].isnan().tolist(), 0, [0] * B)
         st.log.append(("P", st.n_committed, st.n_committed + 1, torch.zeros_like(st.n_committed, dtype=torch.bool),
                        st.n_committed))
         st.n_committed = st.n_committed + 1
@@ -297,6 +342,8 @@ class SpeculativeDecoder:
                 self._autoregressive(st, timer)
             self._notify(callback, st)
 
+        if not st.drafts:
+            _check_ar(st)
         timer.stop()
         memory = self._memory_mb(st, timer)
         return DecodeResult(st.seq[:, :T].clone(), self._reports(st, timer, memory))
@@ -325,7 +372,11 @@ class SpeculativeDecoder:
         t = st.step
         pos = st.n_cached.unsqueeze(1)
         probs = self.pipeline(self._forward(st, st.seq.gather(1, pos), timer), pos + 1)
-        st.seq[:, t:t + 1] = rng.categorical(probs, st.ar_uniforms[:, t:t + 1]).view(st.batch, 1)
+        totals = st.buffer("cumsum", 1)
+        st.seq[:, t:t + 1] = rng.categorical(probs, st.ar_uniforms[:, t:t + 1], totals).view(st.batch, 1)
+        st.bad_step = torch.where((st.bad_step < 0) & totals[:, 0, -1].isnan(), t, st.bad_step)
+        if t % AR_CHECK_EVERY == 0:
+            _check_ar(st)
         none = torch.zeros_like(st.n_committed, dtype=torch.bool)
         st.log.append(("V", st.n_committed, st.n_committed + 1, none, st.n_committed))
         st.n_cached = st.n_cached + 1
@@ -369,6 +420,8 @@ class SpeculativeDecoder:
         # row `passed` gets the new token: the bonus draw from p when every draft
         # stood, else a draw from the rule's residual (with the same uniform)
         samples = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
+        bad = st.buffer("cumsum", L)[..., -1].isnan() & (target < T)  # rows that are no distribution
+        first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
         new_tok = samples.gather(1, passed.unsqueeze(1))
         rejected = passed < tested
         if tested:
@@ -401,8 +454,12 @@ class SpeculativeDecoder:
         st.verified_since_skip += 1
 
         plan = self.schedule.plan(st)
-        sync = torch.stack([st.n_cached, st.n_committed, L - keep] + ([plan] if plan is not None else [])).tolist()
+        sync = torch.stack([st.n_cached, st.n_committed, L - keep, first_bad]
+                           + ([plan] if plan is not None else [])).tolist()
+        _raise_if_nonfinite([j >= 0 for j in sync[3]], st.step,
+                            [c + j + 1 for c, j in zip(st.host_cached, sync[3])])
         st.host_cached, st.host_committed = sync[0], sync[1]
+        del sync[3]
         ad.rollback(sync[2])  # the rejected rows leave the cache
         self._extend(st)
         if plan is not None and min(sync[3]) >= 0 and max(sync[3]) > 0:
@@ -479,6 +536,20 @@ class SpeculativeDecoder:
             )
             for b in range(B)
         ]
+
+
+def _raise_if_nonfinite(bad: list[bool], step: int, positions: list[int]):
+    for b, flag in enumerate(bad):
+        if flag:
+            raise NonFiniteError(step, b, positions[b])
+
+
+def _check_ar(st: _State):
+    """AR decoding syncs only here: the first step whose distribution was not one."""
+    bad = st.bad_step.tolist()
+    if max(bad) >= 0:
+        b = min((s, b) for b, s in enumerate(bad) if s >= 0)[1]
+        raise NonFiniteError(bad[b], b, bad[b])
 
 
 def _check_shape(call: str, logits, expected):

@@ -102,3 +102,21 @@ class TabularAdapter(ImageAdapter):
             if prob > 0:
                 out[seq] = prob
         return out
+
+
+class PoisonedAdapter(TabularAdapter):
+    """A :class:`TabularAdapter` whose logits for stream position ``at`` are
+    broken: ``"nan-row"`` (all NaN), ``"nan-entry"`` (one NaN), ``"inf"`` (one +inf)."""
+
+    def __init__(self, at: int, kind: str, **kw):
+        super().__init__(**kw)
+        self.at, self.kind = at, kind
+
+    def _logits(self, target):
+        out = super()._logits(target).clone()
+        hit = (target == self.at).expand(out.shape[:-1])
+        if self.kind == "nan-row":
+            out[hit] = float("nan")
+        else:
+            out[..., 1][hit] = float("nan") if self.kind == "nan-entry" else float("inf")
+        return out
