@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..loaders.checkpoints import CheckpointError, load_file, state_dict
+from ..loaders.checkpoints import CheckpointError, load_file, load_weights, state_dict
 
 
 def _norm(channels: int) -> nn.GroupNorm:
@@ -229,7 +229,8 @@ class VQ16Decoder:
         sd = {k: v for k, v in sd.items() if k != "quantize.codebook_used"}  # a training statistic
         if not spec.has_encoder:
             sd = {k: v for k, v in sd.items() if not k.startswith(("encoder.", "quant_conv."))}
-        model.load_state_dict(sd, strict=True)
+        load_weights(model, sd, source or "the state dict",
+                     f"a LlamaGen VQ tokenizer with {spec.codebook_size} codes of width {spec.embed_dim}")
         return cls(model.to(device=device, dtype=dtype).eval(), source)
 
     @property
@@ -239,6 +240,14 @@ class VQ16Decoder:
     @property
     def device(self) -> torch.device:
         return self.model.post_quant_conv.weight.device
+
+    def bytes_per_image(self, grid: tuple[int, int]) -> int:
+        """Peak activations decoding one image of ``grid`` tokens (an estimate)."""
+        from ..loaders.base import decoder_bytes
+
+        s = self.spec
+        return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.ch * s.ch_mult[0],
+                             self.model.post_quant_conv.weight.element_size())
 
     def codebook(self) -> torch.Tensor:
         """``[codebook_size, embed_dim]`` L2-normalised code vectors (float32)."""

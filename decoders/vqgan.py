@@ -322,16 +322,7 @@ class VQGANDecoder:
             yaml_path, ckpt_path = found
         ckpt_path = pathlib.Path(ckpt_path) if ckpt_path is not None else yaml_path.with_name(CKPT_NAME)
         spec = VQGANSpec.from_yaml(yaml_path)
-        try:
-            obj = load_file(ckpt_path)
-        except CheckpointError as err:
-            refused = re.search(r"Unsupported global: (?:GLOBAL )?(\S+)", str(err.__cause__))
-            if refused is None:  # missing, corrupt, or not a torch file: the plain message says it
-                raise
-            raise CheckpointError(f"{ckpt_path}: refused, it pickles a non-tensor object ({refused.group(1)}) and "
-                                  "checkpoints are only read weights-only; re-save just its state_dict, e.g. "
-                                  "torch.save({'state_dict': ckpt['state_dict']}, path), where you trust it") from err
-        sd = state_dict(obj, wrappers=("state_dict", "model"))
+        sd = state_dict(load_file(ckpt_path), wrappers=("state_dict", "model"))
         return cls.from_state_dict(sd, spec, device, dtype, source=str(ckpt_path), yaml_source=str(yaml_path))
 
     @classmethod
@@ -352,6 +343,14 @@ class VQGANDecoder:
         model = VQGANModel(spec, with_encoder)
         model.load_state_dict(sd, strict=True)
         return cls(model.to(device=device, dtype=dtype).eval(), source)
+
+    def bytes_per_image(self, grid: tuple[int, int]) -> int:
+        """Peak activations decoding one image of ``grid`` tokens (an estimate)."""
+        from ..loaders.base import decoder_bytes
+
+        s = self.spec
+        itemsize = next(self.model.parameters()).element_size()
+        return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.ch * s.ch_mult[0], itemsize)
 
     @property
     def spec(self) -> VQGANSpec:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..sampling.config import shorten
 from .domain import words
 
 PAD, EOS = "<pad>", "</s>"
@@ -45,9 +46,9 @@ class TextEncoder(nn.Module):
             bad = self.unknown(p)
             if bad:
                 known = " ".join(self.vocabulary[2:])
-                raise ValueError(f"prompt {p!r}: unknown word(s) {bad}; this model knows: {known}")
+                raise ValueError(f"prompt {shorten(p)}: unknown word(s) {shorten(bad)}; this model knows: {known}")
             if len(words(p)) + 1 > self.max_length:
-                raise ValueError(f"prompt {p!r} is longer than {self.max_length - 1} words")
+                raise ValueError(f"prompt {shorten(p)} is longer than {self.max_length - 1} words")
 
     def tokenize(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids ``[B, max_length]`` and mask, right-padded, ``</s>`` appended."""

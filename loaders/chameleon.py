@@ -35,14 +35,14 @@ Two token grammars (``ChameleonSpec.flavour``):
 """
 from __future__ import annotations
 
-import json
 import pathlib
 from dataclasses import dataclass
 
 import torch
 
 from ..sampling.adapter import TokenLayout
-from .checkpoints import CheckpointError
+from ..sampling.config import shorten
+from .checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
@@ -144,7 +144,7 @@ class ChameleonAdapter(RaggedCacheAdapter):
             raise ValueError("Chameleon models (Lumina-mGPT, Anole) have no negative prompt: leave it empty")
         bad = [c for c in conditions if not isinstance(c, str) or not c.strip()]
         if bad:
-            raise ValueError(f"prompt must be non-empty text (got {bad[0]!r})")
+            raise ValueError(f"prompt must be non-empty text (got {shorten(bad[0])})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
         if self.spec.flavour == "lumina":
@@ -209,15 +209,15 @@ class ChameleonAdapter(RaggedCacheAdapter):
 
 
 def load_model(folder, device="cpu", dtype=torch.float32):
-    from transformers import AutoTokenizer, ChameleonForConditionalGeneration
+    from transformers import ChameleonForConditionalGeneration
 
     from . import chameleon_meta
 
     folder = pathlib.Path(folder)
     if chameleon_meta.is_meta_layout(folder):  # Meta's release layout, converted in memory
         return chameleon_meta.load_model(folder, device, dtype)
-    model = ChameleonForConditionalGeneration.from_pretrained(str(folder), local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = from_pretrained(ChameleonForConditionalGeneration, folder, "a Chameleon-architecture model")
+    tokenizer = tokenizer_from_pretrained(folder)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
@@ -232,7 +232,7 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
 
     folder = pathlib.Path(folder)
     meta = chameleon_meta.is_meta_layout(folder)
-    config = chameleon_meta.read_config(folder) if meta else json.loads((folder / "config.json").read_text())
+    config = chameleon_meta.read_config(folder) if meta else read_json(folder / "config.json")
     flavour = flavour_of(config)
     vocab = config.get("vocabulary_map") or {}
     if not image_code_map(vocab):
@@ -273,6 +273,7 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
                            condition="text", resolutions=LUMINA_SIZES if flavour == "lumina" else (ANOLE_SIZE,),
                            resize=build, info={"resolution": w if w == h else None, "width": w, "height": h,
                                                "grid": adapter.layout.grid, "vq": str(where[1])},
-                           modules={"chameleon": model, "vqgan": decoder.model})
+                           modules={"chameleon": model, "vqgan": decoder.model},
+                           decode_bytes_per_image=decoder.bytes_per_image(adapter.layout.grid))
 
     return build((width, height))

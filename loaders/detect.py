@@ -1,13 +1,12 @@
 """Which family a checkpoint file or folder holds, judged by its contents."""
 from __future__ import annotations
 
-import json
 import pathlib
 from dataclasses import dataclass
 
 import torch
 
-from .checkpoints import CheckpointError, peek
+from .checkpoints import CheckpointError, peek, read_json
 
 REQUIREMENTS = {
     "embedded": "the word 'embedded' or the embedded model's folder (config.json with format 'spec_ar-embedded')",
@@ -72,7 +71,8 @@ def detect(path: str | pathlib.Path) -> Detected:
             return Detected("anole", path, "chameleon-meta")
         config = path / "config.json"
         if config.is_file():
-            model_type = json.loads(config.read_text()).get("model_type")
+            settings = read_json(config)
+            model_type = settings.get("model_type")
             if model_type in ("janus", "multi_modality"):
                 return Detected("janus", path, model_type)
             if model_type == "emu3":
@@ -80,7 +80,7 @@ def detect(path: str | pathlib.Path) -> Detected:
             if model_type == "chameleon":
                 from .chameleon import flavour_of
 
-                return Detected(flavour_of(json.loads(config.read_text())), path, model_type)
+                return Detected(flavour_of(settings), path, model_type)
             found = f"config.json with model_type {model_type!r}"
         else:
             files = sorted(p for p in path.iterdir() if p.suffix in (".pt", ".pth", ".safetensors", ".bin"))

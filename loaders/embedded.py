@@ -7,12 +7,11 @@ through the same loader, adapter and decoder code as the real checkpoints.
 """
 from __future__ import annotations
 
-import json
 import pathlib
 
 import torch
 
-from .checkpoints import CheckpointError
+from .checkpoints import CheckpointError, load_file, load_weights, read_json
 
 FOLDER = pathlib.Path(__file__).resolve().parent.parent / "embedded" / "weights"
 FORMAT = "spec_ar-embedded"
@@ -21,12 +20,10 @@ FORMAT = "spec_ar-embedded"
 def is_embedded(path) -> bool:
     path = pathlib.Path(path)
     config = path / "config.json"
-    return config.is_file() and json.loads(config.read_text()).get("format") == FORMAT
+    return config.is_file() and read_json(config).get("format") == FORMAT
 
 
 def load(folder=FOLDER, device="cpu", dtype=torch.float32):
-    from safetensors.torch import load_file
-
     from ..decoders.vq16 import VQ16Decoder
     from ..embedded.text import TextEncoder
     from ..embedded.train import Recipe, gpt_spec, vq_spec
@@ -37,14 +34,14 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
     if not is_embedded(folder):
         raise CheckpointError(f"{folder}: no embedded model here (config.json with format {FORMAT!r}); "
                               "build it with `spec-ar train-embedded`")
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json(folder / "config.json")
     recipe = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["recipe"].items()})
-    tensors = load_file(str(folder / "model.safetensors"))
+    tensors = load_file(folder / "model.safetensors")
     part = {p: {k[len(p):]: v.float() for k, v in tensors.items() if k.startswith(p)} for p in ("gpt.", "vq.", "text.")}
     gpt = LlamaGenGPT(gpt_spec(recipe))
-    gpt.load_state_dict(part["gpt."])
+    load_weights(gpt, part["gpt."], folder / "model.safetensors", "the embedded GPT")
     text = TextEncoder(config["vocabulary"], dim=recipe.text_dim, layers=recipe.text_layers, max_length=recipe.words)
-    text.load_state_dict(part["text."])
+    load_weights(text, part["text."], folder / "model.safetensors", "the embedded text encoder")
     vq = VQ16Decoder.from_state_dict(part["vq."], vq_spec(recipe), device=device, dtype=dtype, source=str(folder))
     gpt = gpt.to(device=device, dtype=dtype).eval()
     text = text.to(device=device).eval()
@@ -54,4 +51,5 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
                        adapter=adapter, decode=vq.decode, condition="text", resolutions=(recipe.size,),
                        info={"resolution": recipe.size, "grid": recipe.grid, "folder": str(folder),
                              "vocabulary": config["vocabulary"]},
+                       decode_bytes_per_image=vq.bytes_per_image((recipe.grid, recipe.grid)),
                        modules={"gpt": gpt, "text": text, "vq": vq.model})

@@ -23,13 +23,13 @@ appends :data:`POSITIVE_SUFFIX` to every prompt; that is left to the user (promp
 """
 from __future__ import annotations
 
-import json
 import pathlib
 
 import torch
 
 from ..sampling.adapter import TokenLayout
-from .checkpoints import CheckpointError
+from ..sampling.config import shorten
+from .checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
@@ -47,16 +47,16 @@ PROMPT_ROOM = 256  # positions kept for the prompt when sizing the largest image
 
 def load_model(folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
     """``(Emu3ForConditionalGeneration, tokenizer)`` from a converted folder."""
-    from transformers import AutoTokenizer, Emu3ForConditionalGeneration
+    from transformers import Emu3ForConditionalGeneration
 
     folder = pathlib.Path(folder)
     cfg_path = folder / "config.json"
-    model_type = json.loads(cfg_path.read_text()).get("model_type") if cfg_path.is_file() else None
+    model_type = read_json(cfg_path).get("model_type") if cfg_path.is_file() else None
     if model_type != "emu3":
         raise CheckpointError(f"{folder}: config.json model_type {model_type!r} is not 'emu3' (a converted "
                               "Emu3 folder such as Emu3-community/Emu3-Gen-hf is needed)")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    model = Emu3ForConditionalGeneration.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
+    tokenizer = tokenizer_from_pretrained(folder)
+    model = from_pretrained(Emu3ForConditionalGeneration, folder, "an Emu3 model", dtype=dtype)
     return model.to(device=device, dtype=dtype).eval(), tokenizer  # dtype again: older versions ignore it
 
 
@@ -64,7 +64,7 @@ def _pixel_affine(folder: pathlib.Path) -> tuple[torch.Tensor, torch.Tensor]:
     """VQ output -> [0, 1] is ``x * std + mean`` with the image processor's per-channel values
     (0.5 and 0.5 in the released folders, which is also the fallback)."""
     path = folder / "preprocessor_config.json"
-    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    cfg = read_json(path) if path.is_file() else {}
     return tuple(torch.tensor(cfg.get(key, 0.5), dtype=torch.float32).view(-1, 1, 1)
                  for key in ("image_mean", "image_std"))
 
@@ -125,10 +125,10 @@ class Emu3Adapter(RaggedCacheAdapter):
     def check_conditions(self, conditions, negatives):
         bad = [c for c in conditions if not isinstance(c, str)]
         if bad:
-            raise ValueError(f"prompt must be text for Emu3 (got {bad[0]!r})")
+            raise ValueError(f"prompt must be text for Emu3 (got {shorten(bad[0])})")
         bad = [n for n in negatives or () if n is not None and not isinstance(n, str)]
         if bad:
-            raise ValueError(f"negative prompt must be text for Emu3 (got {bad[0]!r})")
+            raise ValueError(f"negative prompt must be text for Emu3 (got {shorten(bad[0])})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The reference condition: BOS, the prompt, ``<|image start|>{H}*{W}<|image token|>``."""
@@ -187,7 +187,7 @@ def allowed_resolutions(downsample: int, max_positions: int) -> range:
 def load(folder, device="cpu", dtype=torch.float32, resolution: int | None = None):
     """A :class:`~.base.LoadedModel` for a converted Emu3 folder; ``resolution`` in pixels (square, a
     multiple of the VQ downsample; default 720, the reference's area)."""
-    from .base import LoadedModel
+    from .base import LoadedModel, vq_decoder_bytes
 
     folder = pathlib.Path(folder)
     model, tokenizer = load_model(folder, device, dtype)
@@ -205,7 +205,8 @@ def load(folder, device="cpu", dtype=torch.float32, resolution: int | None = Non
         adapter = Emu3Adapter(model, tokenizer, grid, vocab, affine)
         return LoadedModel(family="emu3", name=f"Emu3 ({folder.name})", adapter=adapter, decode=adapter.decode,
                            condition="text", resolutions=tuple(sorted({*presets, res})), resize=build,
-                           info={"resolution": res, "grid": grid}, modules={"emu3": model})
+                           info={"resolution": res, "grid": grid}, modules={"emu3": model},
+                           decode_bytes_per_image=vq_decoder_bytes(model.config.vq_config, res, dtype))
 
     if resolution is None:
         resolution = DEFAULT_RESOLUTION if DEFAULT_RESOLUTION in allowed else allowed[-1]

@@ -18,14 +18,15 @@ transformers' ``convert_janus_weights_to_hf.py``, and :func:`translate_config`.
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import re
 
 import torch
 
 from ..sampling.adapter import TokenLayout
-from .checkpoints import CheckpointError, load_file, state_dict
+from ..sampling.config import shorten
+from .checkpoints import (CheckpointError, from_pretrained, load_file, read_json, state_dict, tokenizer_from_pretrained,
+                          weight_files)
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
@@ -121,7 +122,7 @@ def translate_config(original: dict, weights: dict[str, torch.Tensor], tokenizer
 
 
 def _read_weights(folder: pathlib.Path) -> dict[str, torch.Tensor]:
-    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("pytorch_model*.bin"))
+    files = weight_files(folder)
     if not files:
         raise CheckpointError(f"{folder}: no weights (*.safetensors or pytorch_model*.bin)")
     sd = {}
@@ -132,13 +133,13 @@ def _read_weights(folder: pathlib.Path) -> dict[str, torch.Tensor]:
 
 def load_model(folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
     """``(JanusForConditionalGeneration, tokenizer)`` from a converted or original folder."""
-    from transformers import AutoTokenizer, JanusConfig, JanusForConditionalGeneration
+    from transformers import JanusConfig, JanusForConditionalGeneration
 
     folder = pathlib.Path(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    cfg = read_json(folder / "config.json")
+    tokenizer = tokenizer_from_pretrained(folder)
     if cfg.get("model_type") == "janus":
-        model = JanusForConditionalGeneration.from_pretrained(str(folder), local_files_only=True)
+        model = from_pretrained(JanusForConditionalGeneration, folder, "a Janus model")
     elif cfg.get("model_type") == "multi_modality":
         weights = _read_weights(folder)
         model = JanusForConditionalGeneration(JanusConfig(**translate_config(cfg, weights, tokenizer)))
@@ -180,7 +181,7 @@ class JanusAdapter(RaggedCacheAdapter):
             raise ValueError("Janus has no negative prompt: leave it empty")
         bad = [c for c in conditions if not isinstance(c, str)]
         if bad:
-            raise ValueError(f"prompt must be text for Janus (got {bad[0]!r})")
+            raise ValueError(f"prompt must be text for Janus (got {shorten(bad[0])})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """The reference prompt: BOS, the chat template, ``<begin_of_image>``."""
@@ -223,7 +224,7 @@ class JanusAdapter(RaggedCacheAdapter):
 
 
 def load(folder, device="cpu", dtype=torch.float32):
-    from .base import LoadedModel
+    from .base import LoadedModel, vq_decoder_bytes
 
     model, tokenizer = load_model(folder, device, dtype)
     adapter = JanusAdapter(model, tokenizer)
@@ -231,4 +232,5 @@ def load(folder, device="cpu", dtype=torch.float32):
     down = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
     return LoadedModel(family="janus", name=f"Janus ({pathlib.Path(folder).name})", adapter=adapter,
                        decode=adapter.decode, condition="text", resolutions=(side * down,),
-                       info={"resolution": side * down, "grid": side}, modules={"janus": model})
+                       info={"resolution": side * down, "grid": side}, modules={"janus": model},
+                       decode_bytes_per_image=vq_decoder_bytes(model.config.vq_config, side * down, dtype))

@@ -11,12 +11,14 @@ Loads the released ``.pt`` files (weights under ``model``/``module``/
 ``state_dict`` or raw; a stray ``freqs_cis`` is ignored) and the same weights as
 ``.safetensors``.  The size (B, L, XL, XXL, 3B, ...) is read from the weights.
 The image grid is not stored in the weights (rotary tables are computed), except
-in old files that carry ``freqs_cis``; without it the grid defaults to the
-reference sampling scripts' resolution (c2i 384 px, t2i 512 px) and can be set.
+in old files that carry ``freqs_cis``.  It comes from, in order: the size asked
+for, ``freqs_cis``, the released file name (``c2i_B_256.pt``), else the
+reference sampling scripts' resolution (c2i 384 px, t2i 512 px) with a warning.
 """
 from __future__ import annotations
 
 import math
+import pathlib
 import re
 from dataclasses import dataclass
 
@@ -25,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..sampling.adapter import ImageAdapter, TokenLayout
-from .checkpoints import CheckpointError, load_file, state_dict
+from ..sampling.config import shorten
+from .checkpoints import CheckpointError, load_file, load_weights, state_dict
 
 #: heads by model width for the released presets (all 64-dim heads but 3B's 100)
 HEADS = {768: 12, 1024: 16, 1280: 20, 1536: 24, 2048: 32, 2560: 40, 3200: 32, 4096: 32}
@@ -268,6 +271,7 @@ class LlamaGenAdapter(ImageAdapter):
     (c2i) or prompts (t2i, through ``text_encoder``)."""
 
     guidance = "linear"
+    MARGIN = 4 * 128  # cache positions past the image: windows may run over its end
 
     def __init__(self, gpt: LlamaGenGPT, grid: int, codebook: torch.Tensor | None = None, text_encoder=None):
         s = gpt.spec
@@ -293,11 +297,12 @@ class LlamaGenAdapter(ImageAdapter):
             bad = [c for c in conditions if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < n]
             if bad:
                 raise ValueError(f"class id must be an integer in [0, {n - 1}] for this class-conditional "
-                                 f"LlamaGen model (got {bad[0]!r})")
+                                 f"LlamaGen model (got {shorten(bad[0])})")
         else:
             bad = [c for c in conditions if not isinstance(c, str)]
             if bad:
-                raise ValueError(f"prompt must be text for this text-conditional LlamaGen model (got {bad[0]!r})")
+                raise ValueError(f"prompt must be text for this text-conditional LlamaGen model "
+                                 f"(got {shorten(bad[0])})")
             if self.text_encoder is None:
                 raise ValueError("this text-conditional LlamaGen model needs a T5 text encoder "
                                  "(a local copy of google/flan-t5-xl)")
@@ -324,8 +329,7 @@ class LlamaGenAdapter(ImageAdapter):
         h, mask = self._condition_embeddings(conditions, guided)
         rows, cond = h.shape[0], h.shape[1]
         self.batch = len(conditions)
-        T = self.layout.length
-        margin = 4 * 128  # windows may run past the end of the image
+        T, margin = self.layout.length, self.MARGIN
         if self.rope is None or self.rope.shape[0] < cond + T + margin:
             self.rope = rope_table(self.spec, self.grid, margin).to(self.device)
         self.cache = KVCache(self.gpt, rows, cond + T + margin, self.dtype, self.device)
@@ -363,6 +367,11 @@ class LlamaGenAdapter(ImageAdapter):
             return None
         return sum(t.numel() * t.element_size() for t in self.cache.k + self.cache.v)
 
+    def cache_bytes_per_image(self, conditions, negatives, guided):
+        s = self.spec  # keys and values: n_head * head_dim = dim per layer and position
+        positions = s.cond_tokens + self.layout.length + self.MARGIN
+        return self.branches(guided) * positions * s.n_layer * 2 * s.dim * self.dtype.itemsize
+
     def release(self):
         self.cache = None
 
@@ -379,11 +388,7 @@ def load_gpt(path, device="cpu", dtype=torch.float32) -> LlamaGenGPT:
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from err
     gpt = LlamaGenGPT(spec)
-    sd = {k: v for k, v in sd.items() if k != "freqs_cis"}  # recomputed, never loaded
-    missing, unexpected = gpt.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"{path}: weights do not fit {spec.name}: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}")
+    load_weights(gpt, {k: v for k, v in sd.items() if k != "freqs_cis"}, path, spec.name)  # freqs_cis: recomputed
     return gpt.to(device=device, dtype=dtype).eval()
 
 
@@ -422,10 +427,25 @@ def load(model_path, vq_path=None, text_encoder_path=None, resolution: int | Non
             condition="class" if spec.kind == "c2i" else "text",
             resolutions=RESOLUTIONS, resize=build,
             info={"resolution": res, "grid": grid, "spec": spec, "vq": vq.source if vq else None},
+            decode_bytes_per_image=vq.bytes_per_image((grid, grid)) if vq is not None else 0,
             modules={"gpt": gpt, **({"vq": vq.model} if vq else {}), **({"text": text.model} if text else {})},
         )
 
-    if resolution is None:
-        ds = vq.spec.downsample if vq is not None else DOWNSAMPLE
-        resolution = spec.grid * ds if spec.grid else DEFAULT_RESOLUTION[spec.kind]
-    return build(resolution)
+    ds = vq.spec.downsample if vq is not None else DOWNSAMPLE
+    warnings = []
+    if resolution is None and spec.grid:
+        resolution = spec.grid * ds
+    elif resolution is None and (resolution := resolution_hint(model_path)) is None:
+        resolution = DEFAULT_RESOLUTION[spec.kind]
+        warnings.append(f"{pathlib.Path(model_path).name}: the image size is stored neither in the weights nor in "
+                        f"the file name (as _256 / _384 / _512); using the reference default {resolution} px. Pass "
+                        "the size the model was trained at (--resolution, or the sampler's resolution) if it differs")
+    loaded = build(resolution)
+    loaded.warnings += warnings
+    return loaded
+
+
+def resolution_hint(path) -> int | None:
+    """The image size a released file's name carries (``c2i_L_256.pt``, ``t2i_XL_stage2_512.pt``)."""
+    m = re.search(r"(?:^|[_-])(256|384|512)(?=[_.-]|$)", pathlib.Path(path).stem)
+    return int(m.group(1)) if m else None

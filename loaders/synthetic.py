@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling.adapter import ImageAdapter, TokenLayout
+from ..sampling.config import shorten
 
 
 class SyntheticAdapter(ImageAdapter):
@@ -48,7 +49,8 @@ class SyntheticAdapter(ImageAdapter):
     def check_conditions(self, conditions, negatives):
         bad = [c for c in conditions if not isinstance(c, int) or not 0 <= c < self.classes]
         if bad:
-            raise ValueError(f"prompt must be a class id in [0, {self.classes - 1}] for this model (got {bad[0]!r})")
+            raise ValueError(f"prompt must be a class id in [0, {self.classes - 1}] for this model "
+                             f"(got {shorten(bad[0])})")
 
     def prefill(self, conditions, negatives, guided):
         B = len(conditions)

@@ -21,10 +21,12 @@ class T5TextEncoder:
         if not (folder / "config.json").is_file():
             raise FileNotFoundError(f"{folder}: no T5 model folder (config.json missing); expected a local copy "
                                     "of google/flan-t5-xl")
-        from transformers import AutoTokenizer, T5EncoderModel
+        from transformers import T5EncoderModel
 
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        model = T5EncoderModel.from_pretrained(str(folder), local_files_only=True)
+        from .checkpoints import from_pretrained, tokenizer_from_pretrained
+
+        self.tokenizer = tokenizer_from_pretrained(folder)
+        model = from_pretrained(T5EncoderModel, folder, "a T5 text encoder")
         self.model = model.to(device=device, dtype=dtype).eval()
         self.device = torch.device(device)
         self.source = str(folder)
