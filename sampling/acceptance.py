@@ -85,17 +85,19 @@ class GroupedAcceptance(ExactAcceptance):
     def accept_prob(self, p, q, x):
         if self.up + self.down == 0:
             return super().accept_prob(p, q, x)
+        # a group larger than the vocabulary is the whole ranking (clipped at its ends)
+        up, down = min(self.up, p.shape[-1] - 1), min(self.down, p.shape[-1] - 1)
         px = _gather(p, x).unsqueeze(-1)
         diff = p - px
         members, keys = [], []
         inf = float("inf")
-        if self.up:  # smallest positive differences: ranked just above x
-            k, i = torch.topk(F.threshold(diff, 0.0, inf), self.up, dim=-1, largest=False)
+        if up:  # smallest positive differences: ranked just above x
+            k, i = torch.topk(F.threshold(diff, 0.0, inf), up, dim=-1, largest=False)
             members.append(i)
             keys.append(k.isfinite())
-        if self.down:  # smallest non-negative p(x) - p(c), x excluded: just below
+        if down:  # smallest non-negative p(x) - p(c), x excluded: just below
             below = F.threshold(diff.neg_(), KEEP_NON_NEGATIVE, inf).scatter_(-1, x.unsqueeze(-1), inf)
-            k, i = torch.topk(below, self.down, dim=-1, largest=False)
+            k, i = torch.topk(below, down, dim=-1, largest=False)
             members.append(i)
             keys.append(k.isfinite())
         c = torch.cat(members, -1)

@@ -91,7 +91,8 @@ class DecodeConfig:
 
     # -- validation ---------------------------------------------------------
     def validate(self, codebook_size: int | None = None) -> "DecodeConfig":
-        """Raise :class:`ConfigError` for the first setting out of range."""
+        """Raise :class:`ConfigError` for the first setting out of range (LANTERN's
+        neighbourhood against the codebook once ``codebook_size`` is known)."""
         _choice("mode", self.mode, tuple(MODES))
         if self.acceptance is not None:
             _choice("acceptance", self.acceptance, ACCEPTANCE_RULES)
@@ -103,21 +104,21 @@ class DecodeConfig:
         _real("gsd_delta", self.gsd_delta, 0.0, 1.0)
         if self.gsd_distance is not None:
             _real("gsd_distance", self.gsd_distance, 0.0, math.inf)
-        _int("lantern_k", self.lantern_k, 1, 1 << 20)
+        _int("lantern_k", self.lantern_k, 1, 1 << 20, "the model's codebook size - 1")
         if codebook_size is not None and self.rule == "latent" and self.lantern_k > codebook_size - 1:
             raise ConfigError(
                 f"lantern_k must be an integer in [1, {codebook_size - 1}] for this model's "
                 f"codebook of {codebook_size} codes (got {self.lantern_k})"
             )
         _real("lantern_delta", self.lantern_delta, 0.0, 1.0)
-        _int("skip_interval", self.skip_interval, 2, 1 << 20)
+        _int("skip_interval", self.skip_interval, 2, 1 << 20, "the image's token count")
         _real("skip_threshold", self.skip_threshold, -1.0, 1.0)
         _real("skip_alpha", self.skip_alpha, 1e-6, 1.0)
         _int("skip_paths", self.skip_paths, 2, 64)
         if self.cfg_scale is not None:
             _real("cfg_scale", self.cfg_scale, 0.0, 100.0)
         if self.top_k is not None:
-            _int("top_k", self.top_k, 1, 1 << 24, "or None to disable top-k")
+            _int("top_k", self.top_k, 1, 1 << 24, "the vocabulary size; None disables top-k")
         if self.top_p is not None:
             _real("top_p", self.top_p, 1e-6, 1.0)
         if self.temperature is not None:
@@ -127,19 +128,27 @@ class DecodeConfig:
         return self
 
 
+def shorten(value, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error must not echo a 10 000-character prompt."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _choice(name, value, allowed):
     if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))} (got {value!r})")
+        raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))} (got {shorten(value)})")
 
 
-def _int(name, value, lo, hi, extra=""):
+def _int(name, value, lo, hi, bound: str = ""):
+    """``bound`` names the real upper limit where ``hi`` is only a sanity cap (it
+    depends on the model, or is too large to matter)."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        rng = f">= {lo}" if hi >= 1 << 20 else f"in [{lo}, {hi}]"
-        raise ConfigError(f"{name} must be an integer {rng}{' ' + extra if extra else ''} (got {value!r})")
+        rng = f"in [{lo}, {bound}]" if bound else f"in [{lo}, {hi}]"
+        raise ConfigError(f"{name} must be an integer {rng} (got {shorten(value)})")
 
 
 def _real(name, value, lo, hi):
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
     if not ok or (isinstance(value, float) and math.isnan(value)):
         rng = f">= {lo}" if hi == math.inf else f"in [{lo}, {hi}]"
-        raise ConfigError(f"{name} must be a number {rng} (got {value!r})")
+        raise ConfigError(f"{name} must be a number {rng} (got {shorten(value)})")

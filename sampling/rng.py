@@ -7,6 +7,7 @@ consequences users can rely on:
 * image ``b`` of a batch is the image a batch of one gives with seed ``seeds[b]``
   (no shared generator couples the samples; the one exception is VVS skipping,
   where a batch skips its verifications together), and
+* seeds are integers of any size, taken modulo 2**64;
 * two modes that make the same decisions draw the same numbers, so ``gsd`` with
   ``G = 1`` and ``lantern`` with ``delta = 0`` reproduce ``sjd`` token for token.
 
@@ -44,8 +45,11 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def seed_keys(seeds: torch.Tensor) -> torch.Tensor:
-    """Per-sample keys, computed once per batch."""
+def seed_keys(seeds, device=None) -> torch.Tensor:
+    """Per-sample keys, computed once per batch.  ``seeds``: Python integers of any
+    size (taken modulo 2**64, so 2**64 - 1 and -1 are the same seed) or an int64 tensor."""
+    if not isinstance(seeds, torch.Tensor):
+        seeds = torch.tensor([_wrap(int(s)) for s in seeds], dtype=torch.long, device=device)
     return _mix(seeds * _GAMMA + _GAMMA)
 
 
