@@ -9,13 +9,8 @@ import sys
 
 def _demo(args) -> int:
     from .embedded.demo import run
-    from .loaders.checkpoints import CheckpointError
 
-    try:
-        run(pathlib.Path(args.out), seed=args.seed)
-    except (CheckpointError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    run(writable_folder(args.out, "--out"), seed=args.seed)
     return 0
 
 
@@ -56,55 +51,106 @@ def _render(args) -> int:
     import dataclasses
 
     import torch
-    from PIL import Image
 
-    from .loaders.checkpoints import CheckpointError
     from .loaders.base import resolve_device
     from .loaders.detect import load_model
     from .sampling import ConfigError, DecodeConfig, SpeculativeDecoder
 
     names = {f.name for f in dataclasses.fields(DecodeConfig)} - {"mode"}
     settings = {k: v for k, v in vars(args).items() if k in names and v is not None}
-    try:
-        device = resolve_device(args.device)
-        dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
-            args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
-        config = DecodeConfig(mode=args.mode, **settings).validate()
-        model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, dtype, args.width,
-                           args.height)
-        if args.resolution and args.resolution != model.resolution:
-            raise ConfigError(f"resolution must be one of {list(model.resolutions)} for {model.name} "
-                              f"(got {args.resolution})")
-        if model.condition == "class":
-            if args.class_id is None:
-                raise ConfigError(f"{model.name} is class-conditional: give --class-id")
-            conditions = [args.class_id] * args.batch
-        else:
-            if args.prompt is None:
-                raise ConfigError(f"{model.name} is text-conditional: give --prompt")
-            conditions = [args.prompt] * args.batch
-        if model.decode is None:
-            raise ConfigError(f"{model.name} needs its VQ decoder to make images: give --vq")
-        decoder = SpeculativeDecoder(model.adapter, config)
-        negatives = [args.negative_prompt] * args.batch if args.negative_prompt else None
-        result = decoder.generate(conditions, negatives, seeds=args.seed)
-    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    images = model.decode(result.image_tokens(model.adapter.layout))
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
-    for i, img in enumerate(images):
-        name = out / f"{args.mode}_{args.seed + i}.png"
-        Image.fromarray((img.permute(1, 2, 0).cpu().numpy() * 255).round().astype("uint8")).save(name)
-        files.append(str(name))
+    if args.batch < 1:
+        raise ConfigError(f"--batch must be an integer >= 1 (got {args.batch})")
+    if args.prompt is not None and args.class_id is not None:
+        raise ConfigError("give --prompt (text-conditional models) or --class-id (class-conditional ones), not both")
+    out = writable_folder(args.out, "--out")
+    device = resolve_device(args.device)
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+        args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
+    config = DecodeConfig(mode=args.mode, **settings).validate()
+    model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, dtype, args.width,
+                       args.height)
+    for warning in model.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.resolution and args.resolution != model.resolution:
+        raise ConfigError(f"resolution must be one of {list(model.resolutions)} for {model.name} "
+                          f"(got {args.resolution})")
+    if model.condition == "class":
+        if args.class_id is None:
+            raise ConfigError(f"{model.name} is class-conditional: give --class-id (not --prompt)")
+        conditions = [args.class_id] * args.batch
+    else:
+        if args.prompt is None:
+            raise ConfigError(f"{model.name} is text-conditional: give --prompt (not --class-id)")
+        conditions = [args.prompt] * args.batch
+    if model.decode is None:
+        raise ConfigError(f"{model.name} needs its VQ decoder to make images: give --vq")
+    decoder = SpeculativeDecoder(model.adapter, config)
+    negatives = [args.negative_prompt] * args.batch if args.negative_prompt else None
+    model.check_decoder_fits()
+    result = decoder.generate(conditions, negatives, seeds=args.seed)
+    images = model.decode_images(result.image_tokens(model.adapter.layout))
+    names = [f"{args.mode}_{args.seed + i}.png" for i in range(len(images))]
     report = {"model": model.name, "family": model.family, "resolution": model.resolution, "device": device,
-              "dtype": str(dtype), "images": files, "reports": [r.to_dict() for r in result.reports]}
-    (out / f"{args.mode}_{args.seed}.json").write_text(json.dumps(report, indent=1))
+              "dtype": str(dtype), "warnings": model.warnings, "images": [str(out / n) for n in names],
+              "reports": [r.to_dict() for r in result.reports]}
+    files = {n: _png(img) for n, img in zip(names, images)}
+    files[f"{args.mode}_{args.seed}.json"] = json.dumps(report, indent=1).encode()
+    write_all(out, files)
     print(result.reports[0].summary())
-    print(f"wrote {', '.join(files)} and {out / f'{args.mode}_{args.seed}.json'}")
+    print(f"wrote {', '.join(report['images'])} and {out / f'{args.mode}_{args.seed}.json'}")
     return 0
+
+
+def _png(image) -> bytes:
+    """``[3, H, W]`` in [0, 1] -> PNG bytes."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray((image.permute(1, 2, 0).numpy() * 255).round().astype("uint8")).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def writable_folder(path: str, option: str) -> pathlib.Path:
+    """``path`` as an output folder, checked before any work and not created yet:
+    it is a folder (or can become one) that this user may write to."""
+    import os
+
+    folder = pathlib.Path(path)
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise OutputError(f"{option} {path}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputError(f"{option} {path}: {probe} is not writable")
+    return folder
+
+
+def write_all(folder: pathlib.Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` into ``folder`` all or nothing: each goes to a temporary name
+    first; on any failure the ones written by this call are removed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done: list[pathlib.Path] = []
+    try:
+        for name, data in files.items():
+            tmp = folder / f".{name}.partial"
+            done.append(tmp)
+            tmp.write_bytes(data)
+        for name in files:
+            (folder / f".{name}.partial").replace(folder / name)
+            done.append(folder / name)
+    except OSError as err:
+        for path in done:
+            path.unlink(missing_ok=True)
+        raise OutputError(f"cannot write into {folder} ({err.strerror or err})") from err
+
+
+class OutputError(ValueError):
+    """An output folder that cannot be written."""
 
 
 def _queue(args) -> int:
@@ -117,11 +163,43 @@ def _queue(args) -> int:
 PASSTHROUGH = {"train-embedded": _train_embedded, "evaluate": _evaluate, "bench": _bench, "queue": _queue}
 
 
+#: errors that are about the user's input: printed as one line, exit status 2
+USER_ERRORS = ("ConfigError", "CheckpointError", "PromptFileError", "OutputError", "NonFiniteError", "QueueError",
+               "FileNotFoundError", "ValueError", "UnicodeDecodeError", "IsADirectoryError", "NotADirectoryError",
+               "PermissionError")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs a subcommand; errors are one line on stderr (``--debug`` or
+    ``SPEC_AR_DEBUG=1``: the traceback instead)."""
+    import os
+
     argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv or os.environ.get("SPEC_AR_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if debug:
+            raise
+        kinds = {k.__name__ for k in type(err).__mro__}
+        text = " ".join(str(err).split()) or type(err).__name__
+        if kinds & set(USER_ERRORS):
+            print(f"error: {text}", file=sys.stderr)
+            return 2
+        print(f"error: {type(err).__name__}: {text} (an internal error: rerun with --debug for the traceback and "
+              "report it)", file=sys.stderr)
+        return 1
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] in PASSTHROUGH:
         return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
-    ap = argparse.ArgumentParser(prog="spec-ar", description="Speculative decoding for autoregressive image models.")
+    ap = argparse.ArgumentParser(prog="spec-ar", description="Speculative decoding for autoregressive image models. "
+                                 "Errors are one line; --debug (anywhere) shows the traceback instead.")
     sub = ap.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="the shipped prompts with the embedded model in every mode, and a report")
     demo.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")

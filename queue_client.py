@@ -20,7 +20,6 @@ import json
 import pathlib
 import queue as queues
 import re
-import sys
 import threading
 import time
 import urllib.error
@@ -160,13 +159,9 @@ def run(servers: list[str], workflow_file: str, prompts_file: str, out: pathlib.
         retries: int = 2, timeout: float = 1800, log=print) -> dict:
     if chunk < 1:
         raise QueueError(f"--chunk must be >= 1 (got {chunk})")
-    try:
-        lines = pathlib.Path(prompts_file).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise QueueError(f"--prompts: {prompts_file} does not exist") from None
-    prompts = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
-    if not prompts:
-        raise QueueError(f"--prompts: {prompts_file} has no prompts (one per line)")
+    from .prompt_files import read_prompts
+
+    prompts = read_prompts(prompts_file, f"--prompts {prompts_file}")
     pool = [Server(u) for u in dict.fromkeys(servers)]
     infos = [s.check() for s in pool]  # every server answers before anything is queued
     workflow = load_workflow(workflow_file, infos[0])
@@ -243,10 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--retries", type=int, default=2, help="retries per entry on connection failures")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for one entry")
     args = ap.parse_args(argv)
-    try:
-        res = run(args.server, args.workflow, args.prompts, pathlib.Path(args.out), args.chunk, args.retries,
-                  args.timeout)
-    except QueueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    from .cli import writable_folder
+
+    res = run(args.server, args.workflow, args.prompts, writable_folder(args.out, "--out"), args.chunk, args.retries,
+              args.timeout)
     return 1 if res["failed"] else 0

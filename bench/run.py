@@ -29,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from ..loaders.checkpoints import CheckpointError
+from ..prompt_files import read_prompts
 from ..sampling import ConfigError, DecodeConfig, SpeculativeDecoder
 from .sweeps import parse_sweep
 
@@ -201,9 +201,7 @@ def run(args, log=print) -> dict:
 
     device = resolve_device(args.device)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    prompts = [p.strip() for p in pathlib.Path(args.prompts).read_text().splitlines() if p.strip()]
-    if not prompts:
-        raise ConfigError(f"--prompts {args.prompts} holds no prompt (one per line)")
+    prompts = read_prompts(args.prompts, f"--prompts {args.prompts}")
     if detect(args.model).condition == "class":  # the list holds class ids (checked before loading)
         bad = [p for p in prompts if not p.isdigit()]
         if bad:
@@ -295,14 +293,11 @@ def main(argv=None) -> int:
     ap.add_argument("--device")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
-    try:
-        results = run(args)
-    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    from ..cli import writable_folder
     from .report import write
 
-    out = pathlib.Path(args.out)
+    out = writable_folder(args.out, "--out")  # before an hour of measuring, not after
+    results = run(args)
     write(results, out)
     print(f"wrote {out / 'report.md'}, {out / 'results.json'} and charts in {out}/")
     return 0

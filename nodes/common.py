@@ -21,33 +21,67 @@ WIDGETS = {"window": "window", "draft_init": "init", "G": "group_size", "gsd_del
            "skip_threshold": "skip_threshold"}
 
 
-def list_models(folders: list[str]) -> list[str]:
+#: the listing's bounds: a model folder is small and shallow; a huge or looping
+#: tree (a symlink to a parent, a home folder) must not hang node registration
+LIST_DEPTH = 4
+LIST_ENTRIES = 20000
+
+
+def list_models(folders: list[str], depth: int = LIST_DEPTH, entries: int = LIST_ENTRIES) -> list[str]:
     """Model files and model folders (holding a ``config.json``) under ``folders``,
-    as paths relative to their folder, sorted; what the loader combos show."""
-    found = set()
+    as paths relative to their folder, sorted; what the loader combos show.
+    Symlinks are followed (models often live on another disk) but every real
+    folder is visited once, at most ``depth`` levels down, and the walk stops
+    after ``entries`` directory entries."""
+    found, seen, budget = set(), set(), entries
     for base in folders:
         base = pathlib.Path(base)
         if not base.is_dir():
             continue
         for root, dirs, files in os.walk(base, followlinks=True):
-            rel = pathlib.Path(root).relative_to(base)
+            here = pathlib.Path(root)
+            try:
+                key = (here.stat().st_dev, here.stat().st_ino)
+            except OSError:
+                dirs[:] = []
+                continue
+            budget -= len(dirs) + len(files)
+            rel = here.relative_to(base)
+            if key in seen or budget < 0:  # a loop, or more than a model folder holds
+                dirs[:] = []
+                continue
+            seen.add(key)
             if "config.json" in files and rel != pathlib.Path("."):
                 found.add(rel.as_posix())
                 dirs[:] = []  # a model folder's own files are not separate models
                 continue
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            dirs[:] = [d for d in dirs if not d.startswith(".")] if len(rel.parts) < depth else []
             found.update((rel / f).as_posix() for f in files if f.lower().endswith(MODEL_SUFFIXES))
     return sorted(found)
 
 
 def resolve_model(name: str, folders: list[str]) -> pathlib.Path:
-    """The file or folder a combo entry names; a clear error if it is gone."""
+    """The file or folder a combo entry names, inside one of ``folders``; a clear
+    error if it is gone or if the name would leave the folders (``..``, an
+    absolute path: values any client can post to ``/prompt``)."""
+    rel = pathlib.PurePosixPath(str(name).replace("\\", "/"))
+    if not str(name) or rel.is_absolute() or ".." in rel.parts or pathlib.PureWindowsPath(str(name)).drive:
+        raise FileNotFoundError(f"model {_short(name)!r} is not a name from the spec_ar model folder(s): names are "
+                                "paths inside the folder, without '..' or a leading '/'")
     for base in folders:
-        path = pathlib.Path(base) / name
-        if path.exists():
-            return path
-    raise FileNotFoundError(f"model {name!r} is not in the spec_ar model folder(s) {folders}; "
+        path = pathlib.Path(base) / rel
+        try:
+            if path.exists():
+                return path
+        except OSError:  # a name the file system cannot hold (too long, ...)
+            break
+    raise FileNotFoundError(f"model {_short(name)!r} is not in the spec_ar model folder(s) {folders}; "
                             "put the file or folder there and refresh the page")
+
+
+def _short(text, limit: int = 80) -> str:
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def check_choices(**given: tuple) -> bool | str:
@@ -135,13 +169,16 @@ def plot(rows: list[dict], size=(900, 420)):
     return out
 
 
-def prompt_lines(text: str, file_text: str | None = None) -> list[str]:
-    """One prompt per non-empty line; ``#`` starts a comment line."""
-    lines = (file_text if file_text is not None else text).splitlines()
-    prompts = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
-    if not prompts:
-        raise ValueError("prompts: no prompt found (one prompt per line; lines starting with # are skipped)")
-    return prompts
+def prompt_list(text: str, file: str | None = None, folder: str | None = None) -> list[str]:
+    """The Prompt List node: the text box, or the UTF-8 file ``file`` in ``folder``
+    (ComfyUI's input folder) when one is chosen; errors name the input."""
+    from ..prompt_files import prompt_lines, read_prompts
+
+    if not file or file == NO_FILE:
+        return prompt_lines(text, "prompts")
+    if pathlib.PurePath(file).name != file:
+        raise ValueError(f"file: {_short(file)!r} is not a file name in the input folder")
+    return read_prompts(pathlib.Path(folder) / file, f"file {file!r}")
 
 
 @dataclass

@@ -53,6 +53,8 @@ class ARModelHandle:
 class VQHandle:
     decode: object  # tokens [B, rows, cols] -> [B, 3, H, W] in [0, 1]
     name: str
+    bytes_per_image: object = None  # grid (rows, cols) -> decoder activations per image (an estimate)
+    device: str = "cpu"
 
 
 def _device_dtype(device: str, dtype: str):
@@ -106,7 +108,14 @@ class LoadARImageModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, device=None, dtype=None):
+    def validate_inputs(cls, model=None, device=None, dtype=None, vq=None, text_encoder=None):
+        for name, value, special in (("model", model, common.EMBEDDED), ("vq", vq, AUTO_VQ),
+                                     ("text_encoder", text_encoder, NO_TEXT_ENCODER)):
+            if value not in (None, special):
+                try:
+                    common.resolve_model(value, folders())
+                except FileNotFoundError as err:
+                    return f"{name}: {err}"
         return common.check_choices(device=(device, DEVICES), dtype=(dtype, DTYPES))
 
     @classmethod
@@ -144,10 +153,12 @@ class LoadVQDecoder(io.ComfyNode):
                 raise ValueError("vq: 'built-in' needs a model connected to the model input")
             if model.loaded.decode is None:
                 raise ValueError(f"vq: {model.loaded.name} has no built-in decoder; choose a VQ file")
-            return io.NodeOutput(VQHandle(model.loaded.decode, f"{model.loaded.name} (built-in)"))
+            loaded = model.loaded
+            return io.NodeOutput(VQHandle(loaded.decode, f"{loaded.name} (built-in)",
+                                          lambda grid: loaded.decode_bytes_per_image, str(loaded.device)))
         from ..decoders.vq16 import VQ16Decoder
 
         path = common.resolve_model(vq, folders())
         device = model.loaded.adapter.device if model is not None else "cpu"
         decoder = VQ16Decoder.load(path, device=device)
-        return io.NodeOutput(VQHandle(decoder.decode, path.name))
+        return io.NodeOutput(VQHandle(decoder.decode, path.name, decoder.bytes_per_image, str(device)))

@@ -41,16 +41,7 @@ class PromptList(io.ComfyNode):
 
     @classmethod
     def execute(cls, prompts, file=NO_FILE):
-        text = None
-        if file and file != NO_FILE:
-            import os
+        import folder_paths
 
-            import folder_paths
-
-            path = os.path.join(folder_paths.get_input_directory(), file)
-            if not os.path.isfile(path):
-                raise ValueError(f"file: {file!r} is not in the input folder")
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        lines = common.prompt_lines(prompts, text)
+        lines = common.prompt_list(prompts, file, folder_paths.get_input_directory())
         return io.NodeOutput(lines, len(lines))

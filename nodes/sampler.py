@@ -128,7 +128,9 @@ class SpeculativeARSampler(io.ComfyNode):
         import comfy.model_management as mm
         import comfy.utils
 
+        from ..loaders.base import decode_in_chunks
         from ..sampling import SpeculativeDecoder
+        from ..sampling.memory import check_fits
 
         # every check before any model work
         config = common.decode_config(mode, family_defaults, cfg, top_k, top_p, temperature, vvs_schedule,
@@ -153,9 +155,13 @@ class SpeculativeARSampler(io.ComfyNode):
         loaded.adapter.check_conditions(conditions, negatives)
         decode = vq.decode if vq is not None else loaded.decode
         decoder = SpeculativeDecoder(loaded.adapter, config)  # checks k against the codebook, before any loading
+        layout = loaded.adapter.layout
+        decode_bytes = (vq.bytes_per_image(layout.grid) if vq is not None and vq.bytes_per_image
+                        else loaded.decode_bytes_per_image if vq is None else 0)
+        if decode is not None:
+            check_fits({"VQ decoder": decode_bytes}, 1, loaded.device, what="decode")
 
         model.ready()
-        layout = loaded.adapter.layout
         bar = comfy.utils.ProgressBar(layout.length)
         throttle = common.PreviewThrottle()
 
@@ -171,7 +177,8 @@ class SpeculativeARSampler(io.ComfyNode):
 
         result = decoder.generate(conditions, negatives, seeds=seed, callback=progress)
         tokens = result.image_tokens(layout)
-        images = decode(tokens).permute(0, 2, 3, 1).float().cpu() if decode is not None else code_grid_image(tokens)
+        images = (decode_in_chunks(decode, tokens, decode_bytes, loaded.device).permute(0, 2, 3, 1)
+                  if decode is not None else code_grid_image(tokens))
         reports = result.reports
         first = reports[0]
         label = _label(config)
@@ -181,6 +188,7 @@ class SpeculativeARSampler(io.ComfyNode):
                  f"({throttle.spent / max(first.latency_s, 1e-9):.1%} of sampling)")
         if decode is None:
             text += "\n(no VQ decoder: the image shows the token grid; connect a decoder or VQ Decode)"
+        text += "".join(f"\nwarning: {w}" for w in loaded.warnings)
         return io.NodeOutput(images, text, first.nfe, first.latency_s, first.tokens_per_forward,
                              common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), loaded.name))
 
@@ -198,4 +206,8 @@ class VQDecode(io.ComfyNode):
 
     @classmethod
     def execute(cls, tokens, vq):
-        return io.NodeOutput(vq.decode(tokens.tokens).permute(0, 2, 3, 1).float().cpu())
+        from ..loaders.base import decode_in_chunks
+
+        grid = tuple(tokens.tokens.shape[1:])
+        per_image = vq.bytes_per_image(grid) if vq.bytes_per_image else 0
+        return io.NodeOutput(decode_in_chunks(vq.decode, tokens.tokens, per_image, vq.device).permute(0, 2, 3, 1))

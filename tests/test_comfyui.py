@@ -9,6 +9,7 @@ import pathlib
 import time
 
 import pytest
+import torch
 
 from . import checkpoints as ck
 from .chameleon_files import write_chameleon
@@ -36,6 +37,13 @@ def _family_weights(models: pathlib.Path) -> None:
     write_chameleon(models / "Lumina-mGPT-7B-768", "lumina")  # with tokenizer/vqgan.* inside, as users set it up
     write_chameleon(models / "Anole-7b-hf", "anole", seed=1)
     write_emu3(models / "Emu3-Gen-hf")
+    # a model whose float16 logits overflow (its output layer scaled past float16's range)
+    (models / "broken").mkdir()
+    gpt = ck.random_gpt(ck.tiny_gpt_spec("c2i", classes=1000))
+    with torch.no_grad():
+        gpt.output.weight.mul_(1e5)
+    ck.write_gpt(models / "broken" / "c2i_B_256.pt", gpt)
+    ck.write_vq(models / "broken" / "vq_ds16_c2i.pt")
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +51,8 @@ def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("comfyui")
     models = base / "spec_ar_models"
     _family_weights(models)
+    (base / "input").mkdir()
+    (base / "input" / "latin1.txt").write_bytes("a red circle\nune crème rouge\n".encode("latin-1"))
     with ComfyServer(base, models) as srv:
         yield srv
     ours = [ln for ln in srv.log_text().splitlines() if "SpeculativeAR" in ln and ("FAILED" in ln or "Cannot" in ln)]
@@ -164,6 +174,41 @@ def test_bad_input_gets_one_clear_error_and_the_server_keeps_serving(server):
     assert good["status"]["status_str"] == "success"
 
 
+def _with(name: str, node: str, **inputs) -> dict:
+    workflow = _api(name)
+    next(v for v in workflow.values() if v["class_type"] == node)["inputs"].update(inputs)
+    return workflow
+
+
+HOSTILE = [  # (what is posted, where it is refused, what the message must name)
+    (_with("embedded_t2i_sjd", "SpecAR_LoadModel", model="../../../../etc/passwd"), "queue", "../../../../etc/passwd"),
+    (_with("embedded_t2i_sjd", "SpecAR_LoadModel", model="/etc/passwd"), "queue", "model"),
+    (_with("llamagen_c2i", "SpecAR_LoadModel", model="broken/c2i_B_256.pt", vq="broken/vq_ds16_c2i.pt",
+           dtype="float16", device="cpu"), "run", "NaN or infinity"),
+    (_with("embedded_t2i_sjd", "SpecAR_Sampler", prompt="a red circle " + "very " * 2000), "run", "characters"),
+    (_with("embedded_t2i_sjd", "SpecAR_Sampler", batch_size=2, seed=2**63 - 1), "ok", None),
+    (_with("embedded_prompt_list", "SpecAR_PromptList", file="latin1.txt"), "run", "not UTF-8"),
+    (_with("embedded_prompt_list", "SpecAR_PromptList", file="../../etc/passwd"), "run", "file"),
+]
+
+
+@pytest.mark.parametrize("workflow,refused,names", HOSTILE)
+def test_hostile_input_over_http_is_refused_and_the_server_keeps_serving(server, workflow, refused, names):
+    if refused == "queue":  # refused when posted, before anything runs
+        status, body = server.queue(workflow)
+        assert status == 400 and names in json.dumps(body), body
+    else:
+        entry = server.run(workflow)
+        if refused == "ok":
+            assert entry["status"]["status_str"] == "success", _failure(entry)
+        else:
+            err = error_of(entry)
+            assert entry["status"]["status_str"] == "error" and names in err["exception_message"], _failure(entry)
+            assert len(err["exception_message"]) < 600, err["exception_message"]
+    good = server.run(_api("embedded_t2i_ar"))  # the same server renders a good workflow
+    assert good["status"]["status_str"] == "success", _failure(good)
+
+
 def test_interrupt_stops_sampling_within_a_forward_pass(server):
     slow = _api("embedded_t2i_ar")
     sampler = next(k for k, v in slow.items() if v["class_type"] == "SpecAR_Sampler")
@@ -227,6 +272,7 @@ def test_queue_client_chunks_through_a_prompt_list(server, tmp_path):
 
 def test_queue_client_says_what_is_wrong(server, tmp_path):
     from spec_ar import queue_client
+    from spec_ar.prompt_files import PromptFileError
     from spec_ar.queue_client import QueueError
 
     prompts = tmp_path / "prompts.txt"
@@ -239,5 +285,5 @@ def test_queue_client_says_what_is_wrong(server, tmp_path):
     (tmp_path / "broken.json").write_text(json.dumps(broken))
     with pytest.raises(QueueError, match=r"needs node\(s\) \['NoSuchNode'\] that the server lacks"):
         queue_client.run([server.url], str(tmp_path / "broken.json"), str(prompts), tmp_path / "o")
-    with pytest.raises(QueueError, match="--prompts: .* does not exist"):
+    with pytest.raises(PromptFileError, match="--prompts .*none.txt: no such file"):
         queue_client.run([server.url], str(workflow), str(tmp_path / "none.txt"), tmp_path / "o")

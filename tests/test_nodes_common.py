@@ -29,6 +29,38 @@ def test_model_listing_shows_files_and_model_folders(tmp_path):
         common.resolve_model("gone.pt", [str(tmp_path)])
 
 
+def test_model_listing_survives_loops_and_huge_trees(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path, target_is_directory=True)  # a -> .
+    (tmp_path / "b").symlink_to(tmp_path, target_is_directory=True)  # b -> .
+    (tmp_path / "m.pt").write_bytes(b"x")
+    elsewhere = tmp_path.parent / (tmp_path.name + "-disk2")
+    elsewhere.mkdir()
+    (elsewhere / "big.safetensors").write_bytes(b"x")
+    (tmp_path / "disk2").symlink_to(elsewhere, target_is_directory=True)  # models on another disk still list
+    deep = tmp_path / "1" / "2" / "3" / "4" / "5"
+    deep.mkdir(parents=True)
+    (deep / "too_deep.pt").write_bytes(b"x")
+    started = time.perf_counter()
+    assert common.list_models([str(tmp_path)]) == ["disk2/big.safetensors", "m.pt"]
+    assert time.perf_counter() - started < 5
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for i in range(300):
+        (wide / f"{i:03d}.pt").write_bytes(b"")
+    assert len(common.list_models([str(tmp_path)], entries=100)) < 100  # the walk stops, it does not hang
+
+
+@pytest.mark.parametrize("name", ["../../../../etc/passwd", "/etc/passwd", "llamagen/../../secret.pt", "..",
+                                  "C:\\Windows\\win.ini", "", "x" * 5000])
+def test_model_names_cannot_leave_the_model_folder(tmp_path, name):
+    models = tmp_path / "models"
+    models.mkdir()
+    (tmp_path / "secret.pt").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError) as err:
+        common.resolve_model(name, [str(models)])
+    assert "spec_ar model folder" in str(err.value) and len(str(err.value)) < 400
+
+
 def test_widgets_become_a_validated_config():
     c = common.decode_config("gsd", True, 9.0, 5, 0.5, 0.7, window=8, draft_init="sample-left", G=25,
                              gsd_delta=0.2, k=100, lantern_delta=0.3, skip_interval=3, skip_threshold=0.6)
@@ -66,11 +98,18 @@ def test_combo_values_are_checked_by_name():
     assert common.check_choices(mode=("fast", ["sjd", "gsd"])) == "mode must be one of 'sjd', 'gsd' (got 'fast')"
 
 
-def test_prompt_lines():
-    assert common.prompt_lines("a red circle\n\n# skipped\n  a blue square  \n") == ["a red circle", "a blue square"]
-    assert common.prompt_lines("ignored", file_text="from a file\n") == ["from a file"]
+def test_prompt_lists(tmp_path):
+    assert common.prompt_list("a red circle\n\n# skipped\n  a blue square  \n") == ["a red circle", "a blue square"]
+    (tmp_path / "list.txt").write_text("\ufefffrom a file\n", encoding="utf-8")  # a BOM, as Windows editors write
+    assert common.prompt_list("ignored", "list.txt", str(tmp_path)) == ["from a file"]
     with pytest.raises(ValueError, match="prompts: no prompt found"):
-        common.prompt_lines("\n# only a comment\n")
+        common.prompt_list("\n# only a comment\n")
+    (tmp_path / "latin1.txt").write_bytes("a red circle\nune crème rouge\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"file 'latin1.txt': not UTF-8 text \(byte 0xe8 on line 2\); save"):
+        common.prompt_list("", "latin1.txt", str(tmp_path))
+    for name in ("../secret.txt", "gone.txt"):
+        with pytest.raises(ValueError, match="file"):
+            common.prompt_list("", name, str(tmp_path))
 
 
 def test_preview_throttle_keeps_previews_under_budget():
