@@ -8,10 +8,11 @@ map is read from the checkpoint's ``vocabulary_map``, never assumed.  Pictures
 come from Meta's VQGAN (``tokenizer/vqgan.yaml`` + ``vqgan.ckpt``,
 ``decoders/vqgan.py``), which transformers does not include.
 
-Folders in transformers' format load directly; Meta's release layout
-(``models/7b/consolidated.pth`` + ``params.json``, ``tokenizer/text_tokenizer.json``,
-``tokenizer/vqgan.*``: Chameleon, GAIR's Anole) is converted in memory by
-``chameleon_meta.py``.
+Folders in transformers' format load directly, and so do Lumina-mGPT's own saves (its
+releases), whose q/k norms hold one row per model-parallel shard (:func:`norm_repeats`: each
+row is repeated over its shard's heads, as Lumina's model does at run time).  Meta's release
+layout (``models/7b/consolidated.pth`` + ``params.json``, ``tokenizer/text_tokenizer.json``,
+``tokenizer/vqgan.*``: Chameleon, GAIR's Anole) is converted in memory by ``chameleon_meta.py``.
 
 Two token grammars (``ChameleonSpec.flavour``):
 
@@ -37,12 +38,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from dataclasses import dataclass
 
 import torch
 
 from ..sampling.adapter import TokenLayout
-from .checkpoints import CheckpointError
+from .checkpoints import CheckpointError, load_file, peek, state_dict
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
@@ -52,6 +54,7 @@ LUMINA_SIZES = (512, 768, 1024)
 ANOLE_SIZE = 512
 PATCH = 16  # pixels per image token
 SIZE_UNIT = 32  # Lumina's size tokens count 32-pixel units
+NORM_KEY = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_norm\.(?:weight|bias)")
 
 
 def size_token(pixels: int) -> str:
@@ -208,15 +211,66 @@ class ChameleonAdapter(RaggedCacheAdapter):
         return self.code_of.to(tokens.device)[tokens]
 
 
+def _weight_files(folder: pathlib.Path) -> list[pathlib.Path]:
+    """A transformers folder's weight files: the shards its index names, or its single file."""
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            shards = json.loads((folder / index).read_text())["weight_map"].values()
+            return [folder / name for name in sorted(set(shards))]
+    return [p for p in (folder / "model.safetensors", folder / "pytorch_model.bin") if p.is_file()][:1]
+
+
+def norm_repeats(shapes: dict[str, tuple[int, ...]], config, source: str = "the weights") -> dict[str, int]:
+    """The q/k norm tensors stored in Lumina-mGPT's layout, each with the head count to repeat it to.
+
+    Lumina's Chameleon copy (Alpha-VLLM/Lumina-mGPT @104abe45, ``ChameleonLayerNorm`` in
+    ``lumina_mgpt/model/chameleon/modeling_chameleon.py``) keeps one row per model-parallel shard,
+    ``[model_parallel_size, head_dim]`` (``[1, 128]`` in the 7B releases, ``[4, 128]`` in the 34B), and
+    repeats each row over its shard's heads at run time; transformers keeps ``[heads, head_dim]``.
+    ``shapes`` maps tensor names to shapes; a norm shape that fits neither layout is one error."""
+    heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
+    head_dim = config.hidden_size // config.num_attention_heads
+    shards = int(getattr(config, "model_parallel_size", None) or 1)
+    out = {}
+    for key, shape in shapes.items():
+        m = NORM_KEY.fullmatch(key)
+        if m is None or tuple(shape) == (heads[m.group(1)], head_dim):
+            continue
+        n = heads[m.group(1)]
+        if tuple(shape) == (shards, head_dim) and n % shards == 0:
+            out[key] = n
+            continue
+        lumina = (f"[{shards}, {head_dim}] (Lumina-mGPT's: one row per model-parallel shard, model_parallel_size "
+                  f"{shards} in config.json)" if n % shards == 0 else
+                  f"none of Lumina-mGPT's (model_parallel_size {shards} in config.json does not divide {n} heads)")
+        raise CheckpointError(f"{source}: {key} has shape {list(shape)}; the layouts that load are [{n}, {head_dim}] "
+                              f"(transformers': one row per {'query' if m.group(1) == 'q' else 'key/value'} head) "
+                              f"and {lumina}")
+    return out
+
+
 def load_model(folder, device="cpu", dtype=torch.float32):
-    from transformers import AutoTokenizer, ChameleonForConditionalGeneration
+    from transformers import AutoTokenizer, ChameleonConfig, ChameleonForConditionalGeneration
 
     from . import chameleon_meta
 
     folder = pathlib.Path(folder)
     if chameleon_meta.is_meta_layout(folder):  # Meta's release layout, converted in memory
         return chameleon_meta.load_model(folder, device, dtype)
-    model = ChameleonForConditionalGeneration.from_pretrained(str(folder), local_files_only=True)
+    config = ChameleonConfig.from_pretrained(str(folder), local_files_only=True)
+    files = _weight_files(folder)
+    repeats = {}
+    for f in files:  # tensor headers only (safetensors): the norm shapes decide the layout before any weight is read
+        norms = {k: shape for k, shape in peek(f).items() if NORM_KEY.fullmatch(k)}
+        repeats.update(norm_repeats(norms, config, str(f)))
+    if repeats:  # Lumina-mGPT's own save: each per-shard row repeated per head, as its model does at run time
+        weights = {}
+        for f in files:
+            weights.update(state_dict(load_file(f)))
+        weights.update({k: chameleon_meta.repeat_per_head(weights[k], n) for k, n in repeats.items()})
+        model = ChameleonForConditionalGeneration.from_pretrained(None, config=config, state_dict=weights, dtype=dtype)
+    else:  # in ``dtype`` from the start: rotary tables built in bfloat16 (the files' dtype) stay rounded
+        model = ChameleonForConditionalGeneration.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
