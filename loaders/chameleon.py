@@ -16,23 +16,27 @@ layout (``models/7b/consolidated.pth`` + ``params.json``, ``tokenizer/text_token
 
 Two token grammars (``ChameleonSpec.flavour``):
 
-* **Lumina-mGPT** (Alpha-VLLM's reference ``inference_solver.py``): prompt
-  ``Generate an image of {W}x{H} according to the following prompt:\\n{prompt}``
-  (BOS first) ended by ``<reserved08706>``, then ``<racm3:break>``; the stream is
-  two size tokens ``<reserved{8800 + side / 32}>`` (height, width), ``H`` rows of
-  ``W`` image tokens each closed by ``<reserved08799>`` (end of line), then
-  ``<eoss>`` (end of image): all structural tokens forced.  The unconditional
-  branch is the reference's: only the tokens from ``<racm3:break>`` on, with its
-  own cache rows.  The reference samples the two size tokens freely from the
-  prompt; forcing them to the requested size is our one departure.  CFG 3 on raw
-  logits, image top-k 2000, temperature 1.
-* **Anole / Chameleon** (Meta's reference): BOS, prompt, ``<racm3:break>``, then
-  1024 image tokens (32 x 32 at 512 px) with no end-of-line, ``<eoss>`` forced
-  last.  Three-way guidance ``u + 1.2 (img - u) + 3.0 (full - img)`` with
-  ``full`` = the prompt, ``img`` = the prompt's images only, ``u`` = BOS + image
-  start.  A text-only prompt has no images, so ``img`` is the same sequence as
-  ``u``: it is computed once and returned for both branches (no extra forward).
-  Meta's image defaults: temperature 0.7, top-p 0.9.
+* **Lumina-mGPT** (Alpha-VLLM/Lumina-mGPT @104abe45, ``inference_solver.py`` and
+  ``generate_examples/generate.py``): BOS, then the turn
+  ``Generate an image of {W}x{H} according to the following prompt:\\n{prompt}<reserved08706>``
+  encoded as one text (``<reserved08706>``, id 8710, ends the turn).  The reference then lets
+  the model write ``<racm3:break>`` (text top-k 10, no CFG), the two size tokens
+  ``<reserved{8800 + side / 32}>`` (height, width; image top-k, no CFG), ``H`` rows of ``W``
+  image tokens each closed by ``<reserved08799>`` (end of line, constrained) and ``<eoss>``
+  (end of image, constrained).  Here ``<racm3:break>`` ends the prompt and the size tokens are
+  forced to the requested size: the **departures** from the reference, both where it samples
+  what a well-formed image of that size must contain.  End of line and end of image are forced
+  as the reference constrains them.  The unconditional branch is the reference's: only the
+  tokens from ``<racm3:break>`` on, with its own cache rows (CFG starts at the first image
+  token).  CFG 3 on raw logits, image top-k 2000, temperature 1.
+* **Anole** (GAIR-NLP/anole @af563fa1, ``text2image.py`` on Meta's ``chameleon/inference``):
+  BOS, the prompt, ``<END-OF-TURN>`` (``<reserved08706>``, id 8710), ``<racm3:break>``, then
+  1024 image tokens (32 x 32 at 512 px) with no end-of-line, ``<eoss>`` forced last.
+  Three-way guidance ``u + 1.2 (img - u) + 3.0 (full - img)`` with ``full`` = the prompt,
+  ``img`` = the prompt's images only, ``u`` = BOS + image start.  A text-only prompt has no
+  images, so ``img`` is the same sequence as ``u`` (both ``[BOS, <racm3:break>]``): it is
+  computed once and returned for both branches (no extra forward).  Meta's image defaults:
+  temperature 0.7, top-p 0.9.
 """
 from __future__ import annotations
 
@@ -48,8 +52,9 @@ from .checkpoints import CheckpointError, load_file, peek, state_dict
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
+END_OF_TURN = "<reserved08706>"  # id 8710: Lumina's conversation separator, Anole's <END-OF-TURN> sentinel
 LUMINA_TEMPLATE = "Generate an image of {w}x{h} according to the following prompt:\n{prompt}"
-LUMINA_END_OF_TURN, LUMINA_EOL = "<reserved08706>", "<reserved08799>"
+LUMINA_EOL = "<reserved08799>"
 LUMINA_SIZES = (512, 768, 1024)
 ANOLE_SIZE = 512
 PATCH = 16  # pixels per image token
@@ -122,11 +127,12 @@ class ChameleonAdapter(RaggedCacheAdapter):
 
         self.bos = tokenizer.bos_token_id
         self.start, self.end = tid(IMAGE_START), tid(IMAGE_END)
+        self.end_of_turn = tid(END_OF_TURN)
         rows, cols = spec.grid
         if spec.flavour == "lumina":
             self.guidance = "linear"
             self.sampling_defaults = {"cfg_scale": 3.0, "top_k": 2000, "temperature": 1.0}
-            self.end_of_turn, eol = tid(LUMINA_END_OF_TURN), tid(LUMINA_EOL)
+            eol = tid(LUMINA_EOL)
             stride = cols + 1
             forced = {0: tid(size_token(spec.height)), 1: tid(size_token(spec.width))}
             forced.update({2 + r * stride + cols: eol for r in range(rows)})
@@ -150,11 +156,13 @@ class ChameleonAdapter(RaggedCacheAdapter):
             raise ValueError(f"prompt must be non-empty text (got {bad[0]!r})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        if self.spec.flavour == "lumina":
-            text = LUMINA_TEMPLATE.format(w=self.spec.width, h=self.spec.height, prompt=prompt)
+        if self.spec.flavour == "lumina":  # the turn and its end-of-turn encoded as one text, as the reference does
+            text = LUMINA_TEMPLATE.format(w=self.spec.width, h=self.spec.height, prompt=prompt) + END_OF_TURN
             ids = self.tokenizer(text, add_special_tokens=False).input_ids
-            return [self.bos] + ids + [self.end_of_turn, self.start]
-        return [self.bos] + self.tokenizer(prompt, add_special_tokens=False).input_ids + [self.start]
+            if ids[-1:] != [self.end_of_turn]:
+                raise CheckpointError(f"the tokenizer does not keep {END_OF_TURN} whole (got ids {ids[-3:]})")
+            return [self.bos] + ids + [self.start]  # <racm3:break> forced (the reference samples it)
+        return [self.bos] + self.tokenizer(prompt, add_special_tokens=False).input_ids + [self.end_of_turn, self.start]
 
     def unconditional_ids(self) -> list[int]:
         # Lumina: the tokens from the image start on; Anole: BOS + image start
