@@ -9,7 +9,7 @@ import random
 
 import torch
 
-WORDS = ("generate an image of according to the following prompt: a red fox in snow blue sky cat on mat "
+WORDS = ("Generate an image of according to the following prompt: a red fox in snow blue sky cat on mat "
          "64x64 96x64 64x96 512x512").split()
 CODES = 64
 ARCHITECTURES = {"lumina": "ChameleonXLLMXForConditionalGeneration", "anole": "ChameleonForConditionalGeneration"}
