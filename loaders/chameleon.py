@@ -257,6 +257,14 @@ def norm_repeats(shapes: dict[str, tuple[int, ...]], config, source: str = "the 
     return out
 
 
+def _dtype_kwarg(dtype: torch.dtype) -> dict:
+    """``from_pretrained``'s dtype argument: ``torch_dtype`` before transformers 4.56, ``dtype`` since."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+
+
 def load_model(folder, device="cpu", dtype=torch.float32):
     from transformers import AutoTokenizer, ChameleonConfig, ChameleonForConditionalGeneration
 
@@ -276,9 +284,11 @@ def load_model(folder, device="cpu", dtype=torch.float32):
         for f in files:
             weights.update(state_dict(load_file(f)))
         weights.update({k: chameleon_meta.repeat_per_head(weights[k], n) for k, n in repeats.items()})
-        model = ChameleonForConditionalGeneration.from_pretrained(None, config=config, state_dict=weights, dtype=dtype)
+        model = ChameleonForConditionalGeneration.from_pretrained(None, config=config, state_dict=weights,
+                                                                  **_dtype_kwarg(dtype))
     else:  # in ``dtype`` from the start: rotary tables built in bfloat16 (the files' dtype) stay rounded
-        model = ChameleonForConditionalGeneration.from_pretrained(str(folder), local_files_only=True, dtype=dtype)
+        model = ChameleonForConditionalGeneration.from_pretrained(str(folder), local_files_only=True,
+                                                                  **_dtype_kwarg(dtype))
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
