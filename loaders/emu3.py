@@ -22,9 +22,9 @@ Tokenization: BAAI's tokenizer (baaivision/Emu3 @f6ea9aaa, ``emu3/mllm/tokenizat
 with Qwen's split pattern, which cuts numbers into single digits (``\\p{N}``), after NFC normalisation;
 the tokenizer that transformers' ``convert_emu3_weights_to_hf.py`` writes keeps the same vocabulary and merges
 but splits with GPT-2's byte-level pattern, which keeps digit runs whole (``90``) and cuts punctuation off
-the letters after it.  The model was trained on BAAI's split, so :func:`baai_encode` splits with BAAI's pattern and BPE-merges
-each piece on its own with the converted vocabulary: the size header at 720 px is ``9 0 * 9 0``, as in the
-reference.
+the letters after it.  The model was trained on BAAI's split, so :func:`baai_encode` splits with BAAI's
+pattern and BPE-merges each piece on its own with the converted vocabulary: the size header at 720 px is
+``9 0 * 9 0``, as in the reference.
 
 ``generate`` cannot roll back rejected drafts per sample, so the adapter runs its own loop on a
 :class:`~.hf_cache.RaggedCache`, like :mod:`.janus`.
