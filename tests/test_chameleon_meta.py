@@ -15,7 +15,7 @@ from .chameleon_files import write_chameleon
 from .chameleon_meta_files import meta_params, perturb, tiny_model, write_meta_chameleon
 
 PROMPTS = [["<s>", "a", "red", "fox", "in", "snow", "<racm3:break>"], ["<s>", "cat", "on", "mat"],
-           ["<s>", "blue", "sky", "<image>", "generate", "an", "image", "of", "<racm3:break>"]]
+           ["<s>", "blue", "sky", "<image>", "Generate", "an", "image", "of", "<racm3:break>"]]
 
 
 def _logits(model, vocab, image_tail=4):

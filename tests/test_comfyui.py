@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from . import checkpoints as ck
-from .chameleon_files import write_chameleon
+from .chameleon_files import write_chameleon, write_lumina
 from .emu3_files import write_emu3
 from .comfyui_server import ComfyServer, error_of, locate, ui_to_api
 
@@ -34,7 +34,7 @@ def _family_weights(models: pathlib.Path) -> None:
     ck.write_t5(models / "flan-t5-xl")
     model, tok = ck.tiny_janus()
     ck.write_janus(models / "Janus-Pro-7B", model, tok)
-    write_chameleon(models / "Lumina-mGPT-7B-768", "lumina")  # with tokenizer/vqgan.* inside, as users set it up
+    write_lumina(models / "Lumina-mGPT-7B-768")  # Lumina's own layout, tokenizer/vqgan.* inside as users set it up
     write_chameleon(models / "Anole-7b-hf", "anole", seed=1)
     write_emu3(models / "Emu3-Gen-hf")
     # a model whose float16 logits overflow (its output layer scaled past float16's range)
