@@ -74,7 +74,8 @@ def test_render_and_demo_with_the_embedded_model(weights, tmp_path, capsys):
     assert res["ar"]["nfe"] == 256 and res["sjd"]["nfe"] <= 256
     assert 0 <= res["uncertainty"]["top1_below_0.5"] <= 1
     report = (tmp_path / "demo" / "report.md").read_text()
-    assert "| sjd |" in report and "adherence" in report
+    assert "| sjd |" in report and "batch 1 ms" in report and "| adherence" not in report
+    assert res["sjd"]["speedup"] > 0 and res["sjd"]["batch_speedup"] > 0
     assert sorted(p.name for p in (tmp_path / "demo").glob("*.png"))[:2] == ["ar_00.png", "ar_01.png"]
 
 
