@@ -62,19 +62,27 @@ def test_model_names_cannot_leave_the_model_folder(tmp_path, name):
 
 
 def test_widgets_become_a_validated_config():
-    c = common.decode_config("gsd", True, 9.0, 5, 0.5, 0.7, window=8, draft_init="sample-left", G=25,
-                             gsd_delta=0.2, k=100, lantern_delta=0.3, skip_interval=3, skip_threshold=0.6)
+    c = common.decode_config("gsd", True, window=8, draft_init="sample-left", G=25, gsd_delta=0.2, k=100,
+                             lantern_delta=0.3, skip_interval=3, skip_threshold=0.6, cfg=9.0, top_k=5)
     assert (c.mode, c.window, c.init, c.group_size, c.gsd_delta) == ("gsd", 8, "sample-left", 25, 0.2)
     assert (c.lantern_k, c.lantern_delta, c.skip_interval, c.skip_threshold) == (100, 0.3, 3, 0.6)
     assert c.cfg_scale is None and c.top_k is None  # family defaults
-    own = common.decode_config("sjd", False, 9.0, 0, 0.5, 0.7)
+    own = common.decode_config("sjd", False, cfg=9.0, top_k=0, top_p=0.5, temperature=0.7)
     assert (own.cfg_scale, own.top_k, own.top_p, own.temperature) == (9.0, None, 0.5, 0.7)
-    assert common.decode_config("vvs", True, 1, 0, 1, 1, "similarity").verify_schedule == "similarity"
-    assert common.decode_config("gsd", True, 1, 0, 1, 1, "similarity").verify_schedule == "every"
+    assert common.decode_config("vvs", schedule="similarity").verify_schedule == "similarity"
+    assert common.decode_config("gsd", schedule="similarity").verify_schedule == "similarity"  # any relaxed mode
+    assert common.decode_config("gsd", schedule=common.AUTO).verify_schedule == "every"
     with pytest.raises(ConfigError, match="mode must be one of"):
-        common.decode_config("fast", True, 1, 0, 1, 1)
-    with pytest.raises(ConfigError, match="window must be an integer in \\[1, 256\\] \\(got 0\\)"):
-        common.decode_config("sjd", True, 1, 0, 1, 1, window=0)
+        common.decode_config("fast")
+    # errors name the widget as the node shows it, not the field
+    with pytest.raises(ConfigError, match=r"^window must be an integer in \[1, 256\] \(got 0\)"):
+        common.decode_config("sjd", window=0)
+    with pytest.raises(ConfigError, match=r"^G must be an integer in \[1, 1000\] \(got 0\)"):
+        common.decode_config("gsd", G=0)
+    with pytest.raises(ConfigError, match=r"^k must be an integer in \[1, the model's codebook size - 1\]"):
+        common.decode_config("lantern", k=0)
+    with pytest.raises(ConfigError, match="unknown sampler input"):
+        common.decode_config("sjd", vvs_schedule="uniform")
 
 
 def test_accept_map_and_report_rows_come_from_a_real_decode():
