@@ -88,7 +88,7 @@ def targets(results: dict) -> list[dict]:
     if "adherence" not in ar:
         return []
     out = []
-    floor = results["noise_floor_fd"]
+    floor = results["fd_noise_floor"]
     if "sjd" in runs:
         r = runs["sjd"]
         gap = abs(r["fd"] - ar["fd"])
@@ -165,7 +165,7 @@ def markdown(results: dict, charts: list[str]) -> str:
     if q:
         other = results["ar_other_seeds"]
         lines += ["", f"Noise floor: Frechet distance between two `ar` runs with different seeds = "
-                      f"{results['noise_floor_fd']:.1f}; `ar` with the other seeds: adherence "
+                      f"{results['fd_noise_floor']:.1f}; `ar` with the other seeds: adherence "
                       f"{other['adherence']:.1%}, FD to real {other['fd']:.1f}. Adherence is over "
                       f"{other['quality_images']} images (standard error about "
                       f"{_se(runs['ar']['adherence'], other['quality_images']):.1f} points per setting).",
