@@ -96,7 +96,7 @@ def test_render_errors_are_one_line(zoo, tmp_path, capsys):
     code, _ = render(tmp_path, "--model", str(zoo["c2i"]), "--prompt", "a cat", "--resolution", "64")
     assert code == 2 and "is class-conditional: give --class-id" in capsys.readouterr().err
     code, _ = render(tmp_path, "--model", str(zoo["janus"]), "--prompt", "a cat", "--group-size", "0", "--mode", "gsd")
-    assert code == 2 and "group_size must be an integer in [1, 1000] (got 0)" in capsys.readouterr().err
+    assert code == 2 and "--group-size must be an integer in [1, 1000] (got 0)" in capsys.readouterr().err
     code, _ = render(tmp_path, "--model", str(zoo["janus"]), "--prompt", "a cat", "--resolution", "512")
     assert code == 2 and "resolution must be one of [8]" in capsys.readouterr().err
     lonely = tmp_path / "lonely"
