@@ -38,6 +38,7 @@ MODE_HELP = {
 ACCEPTANCE_RULES = ("exact", "grouped", "latent")
 SCHEDULES = ("every", "uniform", "similarity")
 DRAFT_INITS = ("random", "repeat-left", "repeat-above", "sample-left", "sample-above")
+DRAFT_COUPLINGS = ("none", "maximal", "gumbel")
 #: settings a family may default (``ImageAdapter.sampling_defaults``), and their values where it does not
 SAMPLING_FALLBACK = {"cfg_scale": 1.0, "top_k": None, "top_p": 1.0, "temperature": 1.0}
 SAMPLING_FIELDS = tuple(SAMPLING_FALLBACK)
@@ -127,6 +128,11 @@ class DecodeConfig:
                      widget="combo", help="how new draft positions start: a random image token (SJD's default), "
                                           "a copy of the token to the left / above, or a sample from its "
                                           "distribution")
+    draft_coupling: str = knob("none", symbol="coupling", label="draft_coupling", uses=("drafts",),
+                               choices=DRAFT_COUPLINGS, widget="combo",
+                               help="how a position's draft is drawn again after a pass: independently (none, SJD "
+                                    "as published), or coupled with its previous draft so it changes only as much "
+                                    "as its distribution did (maximal, gumbel: MC-SJD); every choice is lossless")
     # GSD
     group_size: int = knob(10, symbol="G", label="G", uses=("grouped",), lo=1, hi=1000, step=1,
                            help="GSD group size: the tokens ranked around a draft that count with it (paper: 10 "
