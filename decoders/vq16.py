@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..loaders.checkpoints import CheckpointError, load_file, load_weights, state_dict
+from ..formats.checkpoints import CheckpointError, load_file, load_weights, state_dict
 
 
 def _norm(channels: int) -> nn.GroupNorm:

@@ -46,10 +46,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..formats.checkpoints import (CheckpointError, dtype_kwarg, from_pretrained, hf_call, load_file, peek,
+                                   read_json, state_dict, tokenizer_from_pretrained, weight_files)
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import (CheckpointError, dtype_kwarg, from_pretrained, hf_call, load_file, peek, read_json,
-                          state_dict, tokenizer_from_pretrained, weight_files)
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checkpoints import CheckpointError, peek, read_json
+from ..formats.checkpoints import CheckpointError, peek, read_json
 
 REQUIREMENTS = {
     "embedded": "the word 'embedded' or the embedded model's folder (config.json with format 'spec_ar-embedded')",

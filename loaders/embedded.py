@@ -11,7 +11,7 @@ import pathlib
 
 import torch
 
-from .checkpoints import CheckpointError, load_file, load_weights, read_json
+from ..formats.checkpoints import CheckpointError, load_file, load_weights, read_json
 
 FOLDER = pathlib.Path(__file__).resolve().parent.parent / "embedded" / "weights"
 FORMAT = "spec_ar-embedded"

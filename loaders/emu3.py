@@ -37,9 +37,9 @@ import unicodedata
 import regex  # installed with transformers
 import torch
 
+from ..formats.checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "

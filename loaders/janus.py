@@ -26,10 +26,10 @@ import re
 
 import torch
 
+from ..formats.checkpoints import (CheckpointError, from_pretrained, load_file, read_json, state_dict,
+                                   tokenizer_from_pretrained, weight_files)
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import (CheckpointError, from_pretrained, load_file, read_json, state_dict, tokenizer_from_pretrained,
-                          weight_files)
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..formats.checkpoints import CheckpointError, load_file, load_weights, state_dict
 from ..sampling.adapter import ImageAdapter, TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import CheckpointError, load_file, load_weights, state_dict
 
 #: heads by model width for the released presets (all 64-dim heads but 3B's 100)
 HEADS = {768: 12, 1024: 16, 1280: 20, 1536: 24, 2048: 32, 2560: 40, 3200: 32, 4096: 32}

@@ -26,7 +26,7 @@ class T5TextEncoder:
                                     "of google/flan-t5-xl")
         from transformers import T5EncoderModel
 
-        from .checkpoints import from_pretrained, tokenizer_from_pretrained
+        from ..formats.checkpoints import from_pretrained, tokenizer_from_pretrained
 
         self.tokenizer = tokenizer_from_pretrained(folder)
         model = from_pretrained(T5EncoderModel, folder, "a T5 text encoder")
