@@ -15,71 +15,16 @@ import re
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..formats.checkpoints import CheckpointError, load_file, state_dict
 from ..formats.yaml_subset import load_yaml
+from .blocks import AttnBlock, Downsample, ResnetBlock, Upsample, decoder_bytes, norm, swish
 
 YAML_NAME, CKPT_NAME = "vqgan.yaml", "vqgan.ckpt"
 
 
-# -- building blocks (taming-transformers' diffusionmodules layout) ---------------
-def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
-
-
-def _swish(x):
-    return x * torch.sigmoid(x)
-
-
-class ResnetBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, dropout: float = 0.0):
-        super().__init__()
-        self.norm1, self.conv1 = _norm(cin), nn.Conv2d(cin, cout, 3, padding=1)
-        self.norm2, self.dropout, self.conv2 = _norm(cout), nn.Dropout(dropout), nn.Conv2d(cout, cout, 3, padding=1)
-        self.nin_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
-
-    def forward(self, x):
-        h = self.conv1(_swish(self.norm1(x)))
-        h = self.conv2(self.dropout(_swish(self.norm2(h))))
-        return h + (x if self.nin_shortcut is None else self.nin_shortcut(x))
-
-
-class AttnBlock(nn.Module):
-    """Single-head self-attention over the pixels of a feature map."""
-
-    def __init__(self, c: int):
-        super().__init__()
-        self.norm = _norm(c)
-        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
-
-    def forward(self, x):
-        b, c, h, w = x.shape
-        y = self.norm(x)
-        q, k, v = (m(y).flatten(2).transpose(1, 2).unsqueeze(1) for m in (self.q, self.k, self.v))  # [b, 1, hw, c]
-        y = F.scaled_dot_product_attention(q, k, v).squeeze(1)
-        return x + self.proj_out(y.transpose(1, 2).reshape(b, c, h, w))
-
-
-class Upsample(nn.Module):
-    def __init__(self, c: int):
-        super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
-class Downsample(nn.Module):
-    def __init__(self, c: int):
-        super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, stride=2, padding=0)
-
-    def forward(self, x):
-        return self.conv(F.pad(x, (0, 1, 0, 1)))  # right/bottom padding only, as taming
-
-
+# -- taming's grouping of the shared blocks (key names: down.N.block.M, mid.block_1) --
 class _Level(nn.Module):
     """One resolution: ``block`` ResnetBlocks, each followed by its ``attn`` block if any."""
 
@@ -178,7 +123,7 @@ class Encoder(nn.Module):
                 level.downsample, res = Downsample(cin), res // 2
             self.down.append(level)
         self.mid = _Mid(cin, s.dropout)
-        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, s.z_channels, 3, padding=1)
+        self.norm_out, self.conv_out = norm(cin), nn.Conv2d(cin, s.z_channels, 3, padding=1)
 
     def forward(self, x):
         x = self.conv_in(x)
@@ -186,7 +131,7 @@ class Encoder(nn.Module):
             x = level(x)
             if hasattr(level, "downsample"):
                 x = level.downsample(x)
-        return self.conv_out(_swish(self.norm_out(self.mid(x))))
+        return self.conv_out(swish(self.norm_out(self.mid(x))))
 
 
 class Decoder(nn.Module):
@@ -203,7 +148,7 @@ class Decoder(nn.Module):
                 level.upsample, res = Upsample(cin), res * 2
             levels[i] = level
         self.up = nn.ModuleList(levels)  # up[i] has ch * ch_mult[i] channels: up[-1] is the lowest resolution
-        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, s.out_ch, 3, padding=1)
+        self.norm_out, self.conv_out = norm(cin), nn.Conv2d(cin, s.out_ch, 3, padding=1)
 
     def forward(self, z):
         x = self.mid(self.conv_in(z))
@@ -211,7 +156,7 @@ class Decoder(nn.Module):
             x = level(x)
             if hasattr(level, "upsample"):
                 x = level.upsample(x)
-        return self.conv_out(_swish(self.norm_out(x)))
+        return self.conv_out(swish(self.norm_out(x)))
 
 
 class VectorQuantizer(nn.Module):
@@ -346,8 +291,6 @@ class VQGANDecoder:
 
     def bytes_per_image(self, grid: tuple[int, int]) -> int:
         """Peak activations decoding one image of ``grid`` tokens (an estimate)."""
-        from ..loaders.base import decoder_bytes
-
         s = self.spec
         itemsize = next(self.model.parameters()).element_size()
         return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.ch * s.ch_mult[0], itemsize)
