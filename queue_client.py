@@ -238,7 +238,7 @@ def main(argv=None) -> int:
     ap.add_argument("--retries", type=int, default=2, help="retries per entry on connection failures")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for one entry")
     args = ap.parse_args(argv)
-    from .cli import writable_folder
+    from .output_folders import writable_folder
 
     res = run(args.server, args.workflow, args.prompts, writable_folder(args.out, "--out"), args.chunk, args.retries,
               args.timeout)

@@ -283,7 +283,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
-    from ..cli import writable_folder
+    from ..output_folders import writable_folder
     from .report import write
 
     out = writable_folder(args.out, "--out")  # before an hour of measuring, not after
