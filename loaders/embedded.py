@@ -14,6 +14,7 @@ import torch
 from ..decoders.vq16 import VQ16Decoder, VQSpec
 from ..embedded.recipe import Recipe
 from ..formats.checkpoints import CheckpointError, load_file, load_weights, read_json
+from .family import Detected, Family
 from .llamagen import GPTSpec, LlamaGenAdapter, LlamaGenGPT
 
 FOLDER = pathlib.Path(__file__).resolve().parent.parent / "embedded" / "weights"
@@ -66,3 +67,9 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
                              "vocabulary": config["vocabulary"]},
                        decode_bytes_per_image=vq.bytes_per_image((recipe.grid, recipe.grid)),
                        modules={"gpt": gpt, "text": text, "vq": vq.model})
+
+
+FAMILY = Family(
+    "embedded", detect=lambda path: Detected("embedded", path) if path.is_dir() and is_embedded(path) else None,
+    needs="the word 'embedded' or the embedded model's folder (config.json with format 'spec_ar-embedded')",
+    load=lambda hit, o: load(hit.path, o.device, o.dtype))

@@ -9,7 +9,8 @@ import torch
 
 from spec_ar.cli import main
 from spec_ar.formats.checkpoints import CheckpointError
-from spec_ar.loaders.detect import detect, find_vq
+from spec_ar.loaders.detect import detect
+from spec_ar.loaders.llamagen import find_vq
 
 from .checkpoints import (random_gpt, tiny_gpt_spec, tiny_janus, write_gpt, write_janus, write_original_janus, write_t5,
                           write_vq)
