@@ -28,7 +28,7 @@ import urllib.request
 import uuid
 
 from .nodes.common import NO_FILE
-from .workflow_format import is_api_format, ui_to_api
+from .workflows.format import is_api_format, ui_to_api
 
 SAMPLER, PROMPT_LIST = "SpecAR_Sampler", "SpecAR_PromptList"
 SUMMARY = re.compile(r"(?P<mode>\w+): (?P<tokens>\d+) tokens in (?P<nfe>\d+) forwards .*?(?P<ms>\d+) ms for a batch")
