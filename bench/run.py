@@ -31,15 +31,8 @@ import torch
 
 from ..prompt_files import read_prompts
 from ..sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+from .report import ADHERENCE_MARGIN
 from .sweeps import parse_sweep
-
-PAPERS = [  # the papers' headline figures, on their models
-    ("SJD (Teng et al., ICLR 2025)", "Lumina-mGPT 7B, 768 px", "2.22x fewer steps, 2.04x latency, FID 30.85 vs 30.76"),
-    ("GSD (So et al., ICCV 2025)", "Lumina-mGPT 7B, Parti, G=50",
-     "3.76x fewer NFE, 4.65x latency, CLIP 32.075 vs 32.091"),
-    ("LANTERN (Jang et al., ICLR 2025)", "LlamaGen-XL stage I, delta 0.4 k 1000", "MAL 2.40, 1.69x latency"),
-    ("VVS (Dong et al., 2025)", "LlamaGen-XL stage II, uniform i=2, delta 0.1", "TPF 2.86, 1.76x latency"),
-]
 
 
 def _cpu_name() -> str:
@@ -130,9 +123,6 @@ def _speed_row(reports) -> dict:
             "outside_forwards": float(np.mean([r.engine_time_s / r.latency_s for r in reports])),
             "memory_mb": max(r.memory_mb for r in reports),
             "runs": len(reports)}
-
-
-ADHERENCE_MARGIN = 0.02  # issue 7: "prompt adherence within 2 points of ar"
 
 
 def best_relaxed(results: dict) -> str | None:
@@ -278,7 +268,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
-    from ..cli import writable_folder
+    from ..output_folders import writable_folder
     from .report import write
 
     out = writable_folder(args.out, "--out")  # before an hour of measuring, not after

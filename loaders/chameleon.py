@@ -46,10 +46,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..formats.checkpoints import (CheckpointError, dtype_kwarg, from_pretrained, hf_call, load_file, peek,
+                                   read_json, state_dict, tokenizer_from_pretrained, weight_files)
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import (CheckpointError, dtype_kwarg, from_pretrained, hf_call, load_file, peek, read_json,
-                          state_dict, tokenizer_from_pretrained, weight_files)
+from .family import Detected, Family, LoadOptions, transformers_config
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
@@ -334,3 +335,38 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
                            decode_bytes_per_image=decoder.bytes_per_image(adapter.layout.grid))
 
     return build((width, height))
+
+
+def _chameleon_flavour(path: pathlib.Path) -> str | None:
+    """``lumina`` or ``anole`` for a folder with transformers' Chameleon config.json."""
+    settings = transformers_config(path) or {}
+    return flavour_of(settings) if settings.get("model_type") == "chameleon" else None
+
+
+def _detect_lumina(path: pathlib.Path) -> Detected | None:
+    return Detected("lumina", path, "chameleon") if _chameleon_flavour(path) == "lumina" else None
+
+
+def _detect_anole(path: pathlib.Path) -> Detected | None:
+    """Meta's release layout, converted in memory, or transformers' format."""
+    from . import chameleon_meta
+
+    if chameleon_meta.is_meta_layout(path):
+        return Detected("anole", path, "chameleon-meta")
+    return Detected("anole", path, "chameleon") if _chameleon_flavour(path) == "anole" else None
+
+
+def _load(hit: Detected, o: LoadOptions):
+    return load(hit.path, o.vq, o.device, o.dtype, o.width or o.resolution, o.height or o.resolution)
+
+
+LUMINA = Family(
+    "lumina", detect=_detect_lumina, load=_load, square=False,
+    needs="a Lumina-mGPT folder: config.json with model_type 'chameleon' and architectures "
+          "ChameleonXLLMXForConditionalGeneration, weights, tokenizer, and Meta's VQGAN "
+          "(tokenizer/vqgan.yaml + vqgan.ckpt) inside or given")
+ANOLE = Family(
+    "anole", detect=_detect_anole, load=_load, square=False,
+    needs="an Anole / Chameleon folder, in transformers' format (config.json with model_type 'chameleon', "
+          "weights, tokenizer) or Meta's (models/7b/consolidated.pth + params.json, tokenizer/text_tokenizer.json), "
+          "with Meta's VQGAN (tokenizer/vqgan.yaml + vqgan.ckpt) inside or given")

@@ -49,7 +49,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .checkpoints import CheckpointError, load_file, state_dict
+from ..formats.checkpoints import CheckpointError, load_file, state_dict
 
 log = logging.getLogger(__name__)
 

@@ -37,9 +37,10 @@ import unicodedata
 import regex  # installed with transformers
 import torch
 
+from ..formats.checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
+from .family import Detected, Family, transformers_config
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
@@ -268,3 +269,15 @@ def load(folder, device="cpu", dtype=torch.float32, resolution: int | None = Non
     if resolution is None:
         resolution = DEFAULT_RESOLUTION if DEFAULT_RESOLUTION in allowed else allowed[-1]
     return build(resolution)
+
+
+def _detect(path: pathlib.Path) -> Detected | None:
+    model_type = (transformers_config(path) or {}).get("model_type")
+    return Detected("emu3", path, model_type) if model_type == "emu3" else None
+
+
+FAMILY = Family(
+    "emu3", detect=_detect,
+    needs="an Emu3 folder in transformers' format (Emu3-Gen-hf): config.json with model_type 'emu3', weights "
+          "(the VQ-VAE included) and tokenizer files",
+    load=lambda hit, o: load(hit.path, o.device, o.dtype, o.resolution))

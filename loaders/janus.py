@@ -26,10 +26,11 @@ import re
 
 import torch
 
+from ..formats.checkpoints import (CheckpointError, from_pretrained, load_file, read_json, state_dict,
+                                   tokenizer_from_pretrained, weight_files)
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import (CheckpointError, from_pretrained, load_file, read_json, state_dict, tokenizer_from_pretrained,
-                          weight_files)
+from .family import Detected, Family, transformers_config
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
@@ -244,3 +245,15 @@ def load(folder, device="cpu", dtype=torch.float32):
                        decode=adapter.decode, condition="text", resolutions=(side * down,),
                        info={"resolution": side * down, "grid": side}, modules={"janus": model},
                        decode_bytes_per_image=vq_decoder_bytes(model.config.vq_config, side * down, dtype))
+
+
+def _detect(path: pathlib.Path) -> Detected | None:
+    model_type = (transformers_config(path) or {}).get("model_type")
+    return Detected("janus", path, model_type) if model_type in ("janus", "multi_modality") else None
+
+
+FAMILY = Family(
+    "janus", detect=_detect,
+    needs="a Janus / Janus-Pro folder: config.json with model_type 'janus' (converted) or 'multi_modality' "
+          "(deepseek-ai original), weights and tokenizer files",
+    load=lambda hit, o: load(hit.path, o.device, o.dtype))

@@ -17,6 +17,8 @@ import pathlib
 
 import torch
 
+from ..embedded.text import left_pad  # one definition, below loaders/, for both text encoders
+
 
 class T5TextEncoder:
     def __init__(self, folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
@@ -26,7 +28,7 @@ class T5TextEncoder:
                                     "of google/flan-t5-xl")
         from transformers import T5EncoderModel
 
-        from .checkpoints import from_pretrained, tokenizer_from_pretrained
+        from ..formats.checkpoints import from_pretrained, tokenizer_from_pretrained
 
         self.tokenizer = tokenizer_from_pretrained(folder)
         model = from_pretrained(T5EncoderModel, folder, "a T5 text encoder")
@@ -51,13 +53,3 @@ class T5TextEncoder:
         ids, mask = self.tokenize(prompts, max_length)
         feats = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
         return left_pad(feats, mask)
-
-
-def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move each row's valid (right-padded) tokens to the end; zero the padding."""
-    n = feats.shape[1]
-    valid = mask.sum(1, keepdim=True)
-    idx = (torch.arange(n, device=feats.device).unsqueeze(0) + valid) % n  # rotate left by `valid`
-    out = feats.gather(1, idx.unsqueeze(-1).expand_as(feats))
-    new_mask = mask.flip(-1)
-    return out * new_mask.unsqueeze(-1).to(out.dtype), new_mask

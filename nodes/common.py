@@ -165,6 +165,17 @@ def report_row(report, label: str = "", prompt: str = "") -> dict:
             "batch_size": report.batch_size, "skipped": report.skipped_verifications}
 
 
+#: the sampler's ui key: its reports in ``/history`` (outputs, under the node's id), for ``spec-ar queue``
+REPORTS_UI = "spec_ar_reports"
+
+
+def report_ui(reports) -> dict:
+    """The sampler's ui data: every image's report as a plain dict, less the per-token
+    origins (the accept map shows them).  ComfyUI concatenates the lists of a prompt
+    list's runs and keeps them in ``/history``, so clients read data, not the report text."""
+    return {REPORTS_UI: [{k: v for k, v in r.to_dict().items() if k != "origins"} for r in reports]}
+
+
 def table(rows: list[dict]) -> str:
     """A markdown table of report rows (one per image), with the speed-up against
     the mean ``ar`` latency when an ``ar`` row is present."""

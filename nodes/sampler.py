@@ -169,7 +169,8 @@ class SpeculativeARSampler(io.ComfyNode):
             text += "\n(no VQ decoder: the image shows the token grid; connect a decoder or VQ Decode)"
         text += "".join(f"\nwarning: {w}" for w in loaded.warnings)
         return io.NodeOutput(images, text, first.nfe, first.latency_s, first.tokens_per_forward,
-                             common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), loaded.name))
+                             common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), loaded.name),
+                             ui=common.report_ui(reports))
 
 
 class VQDecode(io.ComfyNode):

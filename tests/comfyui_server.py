@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 import uuid
 
-from spec_ar.workflow_format import ui_to_api  # noqa: F401  (re-exported for the tests)
+from spec_ar.workflows.format import ui_to_api  # noqa: F401  (re-exported for the tests)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CACHE = REPO / ".comfyui"
@@ -61,7 +61,7 @@ class ComfyServer:
         nodes.mkdir(parents=True, exist_ok=True)
         (self.base / "custom_nodes").mkdir(exist_ok=True)
         (self.base / "frontend").mkdir(exist_ok=True)
-        link = nodes / "ComfyUI-SpeculativeAR"  # any folder name must work
+        link = self.pack = nodes / "ComfyUI-SpeculativeAR"  # any folder name must work
         if not link.exists():
             link.symlink_to(REPO, target_is_directory=True)
         config = self.base / "extra_model_paths.yaml"
@@ -95,6 +95,13 @@ class ComfyServer:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def pack_failures(self) -> list[str]:
+        """Log lines where ComfyUI failed to import this pack (ComfyUI's own optional nodes,
+        such as those needing torchaudio, may fail; the clone's path can contain our name)."""
+        pack = str(self.pack)
+        return [ln for ln in self.log_text().splitlines()
+                if pack in ln and ("FAILED" in ln or "Cannot import" in ln)]
 
     # -- HTTP --------------------------------------------------------------------------
     def get(self, path: str, timeout: float = 30):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spec_ar.loaders import chameleon
-from spec_ar.loaders.checkpoints import CheckpointError
+from spec_ar.formats.checkpoints import CheckpointError
 from spec_ar.loaders.detect import detect, load_model
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 

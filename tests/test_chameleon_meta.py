@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spec_ar.loaders import chameleon, chameleon_meta
-from spec_ar.loaders.checkpoints import CheckpointError
+from spec_ar.formats.checkpoints import CheckpointError
 
 from .chameleon_files import write_chameleon
 from .chameleon_meta_files import meta_params, perturb, tiny_model, write_meta_chameleon

@@ -8,8 +8,9 @@ import shutil
 import pytest
 import torch
 
-from spec_ar.cli import main, write_all
+from spec_ar.cli import main
 from spec_ar.loaders.llamagen import load
+from spec_ar.output_folders import write_all
 
 from . import checkpoints as ck
 

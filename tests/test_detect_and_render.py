@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from spec_ar.cli import main
-from spec_ar.loaders.checkpoints import CheckpointError
-from spec_ar.loaders.detect import detect, find_vq
+from spec_ar.formats.checkpoints import CheckpointError
+from spec_ar.loaders.detect import detect
+from spec_ar.loaders.llamagen import find_vq
 
 from .checkpoints import (random_gpt, tiny_gpt_spec, tiny_janus, write_gpt, write_janus, write_original_janus, write_t5,
                           write_vq)
@@ -111,7 +112,7 @@ class Payload:
 
 
 def test_pickles_load_weights_only(tmp_path):
-    from spec_ar.loaders.checkpoints import load_file
+    from spec_ar.formats.checkpoints import load_file
 
     evil = tmp_path / "evil.pt"
     torch.save({"model": {"w": torch.zeros(1)}, "payload": Payload()}, evil)

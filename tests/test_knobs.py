@@ -76,3 +76,26 @@ def test_labels_use_the_symbols():
     assert DecodeConfig(mode="lantern").label() == "lantern k=300 delta=0.1"
     assert DecodeConfig(mode="gsd", schedule="similarity").label() == "gsd schedule=similarity G=10 delta=0.15 tau=0.7"
     assert DecodeConfig(mode="sjd").label() == "sjd" and DecodeConfig(mode="sjd", window=32).label() == "sjd L=32"
+
+
+def settings_table() -> str:
+    """The README's settings table, as the knob table declares it."""
+    rows = ["| setting | option | node widget | symbol | default | allowed | what it does |",
+            "|---|---|---|---|---|---|---|"]
+    for f in fields(DecodeConfig):
+        if f.name == "mode":
+            continue
+        k = KNOBS[f.name]
+        default = "the mode's" if f.name in ("acceptance", "schedule") else (
+            "the family's" if k.uses == ("always",) else ("off" if f.default is None else f"`{f.default}`"))
+        allowed = k.range_text().replace("|", "\\|")
+        rows.append(f"| `{k.name}` | `{k.option}` | {k.label if k.widget else '-'} | {k.symbol} | {default} | "
+                    f"{allowed} | {k.help.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+def test_the_readme_lists_every_knob_as_the_table_declares_it():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert settings_table() in readme, "README's settings table is stale; it should read:\n" + settings_table()

@@ -1,4 +1,5 @@
 """The nodes' logic, outside ComfyUI: listing, settings, maps, tables, plots, prompts."""
+import json
 import time
 
 import numpy as np
@@ -99,6 +100,17 @@ def test_accept_map_and_report_rows_come_from_a_real_decode():
     img = common.plot(rows)
     assert img.size == (900, 420)
     assert common.table([]) == "(no reports)"
+
+
+def test_the_sampler_ui_carries_every_report_as_json_data():
+    adapter = TabularAdapter(image=4, length=5, forced=(2,), seed=1)
+    result = SpeculativeDecoder(adapter, DecodeConfig(mode="sjd", window=4)).generate([0, 1], seeds=3)
+    ui = common.report_ui(result.reports)
+    assert list(ui) == [common.REPORTS_UI]
+    sent = json.loads(json.dumps(ui))[common.REPORTS_UI]  # what /history hands a client
+    assert [r["seed"] for r in sent] == [3, 4] and [r["nfe"] for r in sent] == [r.nfe for r in result.reports]
+    assert sent[0]["mode"] == "sjd" and sent[0]["latency_s"] == result.reports[0].latency_s
+    assert "origins" not in sent[0] and set(sent[0]) | {"origins"} == set(result.reports[0].to_dict())
 
 
 def test_combo_values_are_checked_by_name():
