@@ -51,10 +51,11 @@ class DecodeReport:
         return asdict(self)
 
     def summary(self) -> str:
+        drafts = ("" if self.mode == "ar" else f"{self.settings.get('draft_coupling', 'none')} coupling: drafts kept "
+                  f"{self.draft_stability:.0%}, ")
         return (
             f"{self.mode}: {self.tokens} tokens in {self.nfe} forwards "
-            f"({self.tokens_per_forward:.2f} tokens/forward, MAL {self.mean_accepted_length:.2f}, "
-            f"drafts kept {self.draft_stability:.0%}, "
+            f"({self.tokens_per_forward:.2f} tokens/forward, MAL {self.mean_accepted_length:.2f}, {drafts}"
             f"{self.skipped_verifications} skipped), {self.latency_s * 1000:.0f} ms for a batch of "
             f"{self.batch_size} ({self.engine_time_s / max(self.latency_s, 1e-9):.0%} outside model forwards)"
         )
