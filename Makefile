@@ -35,7 +35,7 @@ $(COMFY)/venv/.installed:
 	touch $@
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/engine_overhead.py
+	$(BIN)/spec-ar bench overhead
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

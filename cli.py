@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
+
+from .output_folders import writable_folder, write_all
 
 
 def _demo(args) -> int:
@@ -33,31 +34,31 @@ def _evaluate(args) -> int:
 
 
 def _config_args(ap: argparse.ArgumentParser):
-    """One option per decoding setting (``--group-size``, ``--lantern-delta``, ...)."""
-    import dataclasses
+    """One option per knob of the knob table (``--group-size``, ``--lantern-delta``, ...),
+    read as text and checked by the table, so errors name the option."""
+    from .sampling.config import KNOBS, SAMPLING_FALLBACK, DecodeConfig
 
-    from .sampling.config import DecodeConfig
-
-    group = ap.add_argument_group("decoding settings (defaults: the mode's and the model family's)")
-    for f in dataclasses.fields(DecodeConfig):
-        if f.name == "mode":
-            continue
-        kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], float)
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=None,
-                           help=f"default: {f.default}")
+    group = ap.add_argument_group("decoding settings (the knob table; defaults: the mode's and the model family's)")
+    defaults = DecodeConfig()
+    for k in KNOBS.values():
+        default = getattr(defaults, k.name)
+        shown = ("the family's" if k.name in SAMPLING_FALLBACK else "the mode's" if default is None and k.choices
+                 else "none" if default is None else default)
+        group.add_argument(k.option, dest=k.name, default=None, metavar=k.symbol.upper() if not k.choices else None,
+                           choices=[c for c in k.choices if c is not None] if k.choices else None,
+                           help=f"{k.help} ({'' if k.choices else k.range_text() + '; '}default {shown})")
 
 
 def _render(args) -> int:
-    import dataclasses
-
     import torch
 
     from .loaders.base import resolve_device
     from .loaders.detect import load_model
     from .sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+    from .sampling.config import KNOBS, parse
 
-    names = {f.name for f in dataclasses.fields(DecodeConfig)} - {"mode"}
-    settings = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    settings = {k.name: parse(k, getattr(args, k.name), "cli") for k in KNOBS.values()
+                if getattr(args, k.name) is not None}
     if args.batch < 1:
         raise ConfigError(f"--batch must be an integer >= 1 (got {args.batch})")
     if args.prompt is not None and args.class_id is not None:
@@ -66,7 +67,7 @@ def _render(args) -> int:
     device = resolve_device(args.device)
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
         args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
-    config = DecodeConfig(mode=args.mode, **settings).validate()
+    config = DecodeConfig(mode=args.mode, **settings).validate(surface="cli")
     model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, dtype, args.width,
                        args.height)
     for warning in model.warnings:
@@ -84,7 +85,7 @@ def _render(args) -> int:
         conditions = [args.prompt] * args.batch
     if model.decode is None:
         raise ConfigError(f"{model.name} needs its VQ decoder to make images: give --vq")
-    decoder = SpeculativeDecoder(model.adapter, config)
+    decoder = SpeculativeDecoder(model.adapter, config, surface="cli")
     negatives = [args.negative_prompt] * args.batch if args.negative_prompt else None
     model.check_decoder_fits()
     result = decoder.generate(conditions, negatives, seeds=args.seed)
@@ -110,47 +111,6 @@ def _png(image) -> bytes:
     buf = io.BytesIO()
     Image.fromarray((image.permute(1, 2, 0).numpy() * 255).round().astype("uint8")).save(buf, format="PNG")
     return buf.getvalue()
-
-
-def writable_folder(path: str, option: str) -> pathlib.Path:
-    """``path`` as an output folder, checked before any work and not created yet:
-    it is a folder (or can become one) that this user may write to."""
-    import os
-
-    folder = pathlib.Path(path)
-    probe = folder
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise OutputError(f"{option} {path}: {probe} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise OutputError(f"{option} {path}: {probe} is not writable")
-    return folder
-
-
-def write_all(folder: pathlib.Path, files: dict[str, bytes]) -> None:
-    """Write ``files`` into ``folder`` all or nothing: each goes to a temporary name
-    first; on any failure the ones written by this call are removed."""
-    folder.mkdir(parents=True, exist_ok=True)
-    done: list[pathlib.Path] = []
-    try:
-        for name, data in files.items():
-            tmp = folder / f".{name}.partial"
-            done.append(tmp)
-            tmp.write_bytes(data)
-        for name in files:
-            (folder / f".{name}.partial").replace(folder / name)
-            done.append(folder / name)
-    except OSError as err:
-        for path in done:
-            path.unlink(missing_ok=True)
-        raise OutputError(f"cannot write into {folder} ({err.strerror or err})") from err
-
-
-class OutputError(ValueError):
-    """An output folder that cannot be written."""
 
 
 def _queue(args) -> int:
@@ -196,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
+    from .sampling.config import MODE_HELP
+
     if argv and argv[0] in PASSTHROUGH:
         return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
     ap = argparse.ArgumentParser(prog="spec-ar", description="Speculative decoding for autoregressive image models. "
@@ -228,7 +190,8 @@ def _dispatch(argv: list[str]) -> int:
     render.add_argument("--prompt", help="text prompt")
     render.add_argument("--negative-prompt", help="negative prompt (Emu3; default: the reference's)")
     render.add_argument("--class-id", type=int, help="class id (class-conditional models)")
-    render.add_argument("--mode", default="sjd", help="ar, sjd, gsd, lantern or vvs (default: sjd)")
+    render.add_argument("--mode", default="sjd", help="; ".join(f"{m}: {h}" for m, h in MODE_HELP.items())
+                        + " (default: sjd)")
     render.add_argument("--seed", type=int, default=0)
     render.add_argument("--batch", type=int, default=1, help="images (seeds seed, seed+1, ...)")
     render.add_argument("--resolution", type=int, help="image size in pixels, where the family offers several")

@@ -7,10 +7,11 @@ Each queue entry renders one prompt (or ``--chunk`` prompts through the
 workflow's Prompt List node).  The client checks every server and the nodes the
 workflow needs before submitting anything, spreads the entries over the
 servers (one in flight per server), waits on ``/history``, downloads the saved
-images and writes ``summary.json`` (per prompt: files, forward passes, latency)
-after every finished entry, so a rerun with the same arguments resumes where
-an interrupted one stopped.  Connection failures are retried ``--retries``
-times; a workflow error is recorded for its prompts and the rest go on.
+images and writes ``summary.json`` (per prompt: files, and the sampler's report
+per image: forward passes, tokens per forward, latency ...) after every finished
+entry, so a rerun with the same arguments resumes where an interrupted one
+stopped.  Connection failures are retried ``--retries`` times; a workflow error
+is recorded for its prompts and the rest go on.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import copy
 import json
 import pathlib
 import queue as queues
-import re
 import threading
 import time
 import urllib.error
@@ -27,11 +27,10 @@ import urllib.parse
 import urllib.request
 import uuid
 
-from .nodes.common import NO_FILE
-from .workflow_format import is_api_format, ui_to_api
+from .nodes.common import NO_FILE, REPORTS_UI
+from .workflows.format import is_api_format, ui_to_api
 
 SAMPLER, PROMPT_LIST = "SpecAR_Sampler", "SpecAR_PromptList"
-SUMMARY = re.compile(r"(?P<mode>\w+): (?P<tokens>\d+) tokens in (?P<nfe>\d+) forwards .*?(?P<ms>\d+) ms for a batch")
 
 
 class QueueError(RuntimeError):
@@ -105,14 +104,6 @@ def with_prompts(workflow: dict, prompts: list[str]) -> dict:
     return wf
 
 
-def _figures(texts: list[str]) -> list[dict]:
-    out = []
-    for text in texts:
-        for m in SUMMARY.finditer(text):
-            out.append({"mode": m["mode"], "nfe": int(m["nfe"]), "latency_s": int(m["ms"]) / 1000})
-    return out
-
-
 def run_entry(server: Server, workflow: dict, out: pathlib.Path, tag: str, timeout: float) -> dict:
     """Submit one queue entry, wait for it, download its images."""
     body = server.post("/prompt", {"prompt": workflow, "client_id": uuid.uuid4().hex})
@@ -129,9 +120,10 @@ def run_entry(server: Server, workflow: dict, out: pathlib.Path, tag: str, timeo
         msgs = [d for kind, d in entry["status"].get("messages", []) if kind == "execution_error"]
         detail = msgs[0].get("exception_message", "").strip() if msgs else "unknown error"
         return {"error": detail, "server": server.url}
-    files, texts = [], []
+    files = []
+    samplers = [key for key, node in workflow.items() if node["class_type"] == SAMPLER]
+    reports = [r for key in samplers for r in entry["outputs"].get(key, {}).get(REPORTS_UI, [])]
     for out_node in entry["outputs"].values():
-        texts += [t for t in out_node.get("text", []) if isinstance(t, str)]
         for img in out_node.get("images", []):
             if img.get("type") != "output":
                 continue
@@ -139,7 +131,7 @@ def run_entry(server: Server, workflow: dict, out: pathlib.Path, tag: str, timeo
             target = out / f"{tag}_{len(files):02d}.png"
             target.write_bytes(server.get(f"/view?{query}"))
             files.append(target.name)
-    return {"files": files, "reports": _figures(texts), "server": server.url, "prompt_id": pid}
+    return {"files": files, "reports": reports, "server": server.url, "prompt_id": pid}
 
 
 def _share(res: dict, i: int, n: int) -> dict:
@@ -238,7 +230,7 @@ def main(argv=None) -> int:
     ap.add_argument("--retries", type=int, default=2, help="retries per entry on connection failures")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for one entry")
     args = ap.parse_args(argv)
-    from .cli import writable_folder
+    from .output_folders import writable_folder
 
     res = run(args.server, args.workflow, args.prompts, writable_folder(args.out, "--out"), args.chunk, args.retries,
               args.timeout)

@@ -31,15 +31,8 @@ import torch
 
 from ..prompt_files import read_prompts
 from ..sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+from .report import ADHERENCE_MARGIN
 from .sweeps import parse_sweep
-
-PAPERS = [  # the papers' headline figures, on their models
-    ("SJD (Teng et al., ICLR 2025)", "Lumina-mGPT 7B, 768 px", "2.22x fewer steps, 2.04x latency, FID 30.85 vs 30.76"),
-    ("GSD (So et al., ICCV 2025)", "Lumina-mGPT 7B, Parti, G=50",
-     "3.76x fewer NFE, 4.65x latency, CLIP 32.075 vs 32.091"),
-    ("LANTERN (Jang et al., ICLR 2025)", "LlamaGen-XL stage I, delta 0.4 k 1000", "MAL 2.40, 1.69x latency"),
-    ("VVS (Dong et al., 2025)", "LlamaGen-XL stage II, uniform i=2, delta 0.1", "TPF 2.86, 1.76x latency"),
-]
 
 
 def _cpu_name() -> str:
@@ -132,21 +125,6 @@ def _speed_row(reports) -> dict:
             "runs": len(reports)}
 
 
-def quality(model, judge, config: DecodeConfig, scenes_prompts, real_feats, seed: int, batch: int) -> dict:
-    from ..embedded import judge as judging
-    from ..embedded.evaluate import generate
-
-    _, prompts = scenes_prompts
-    images, _ = generate(model, config, prompts, seed, batch)
-    feats = judging.image_features(judge, images)
-    adh = judging.adherence(judge, images, prompts)
-    return {"adherence": adh["all"], "adherence_parts": {k: adh[k] for k in judging.CORE_ATTRIBUTES},
-            "quality_images": adh["n"], "fd": judging.frechet_distance(feats, real_feats), "_feats": feats}
-
-
-ADHERENCE_MARGIN = 0.02  # issue 7: "prompt adherence within 2 points of ar"
-
-
 def best_relaxed(results: dict) -> str | None:
     """The relaxed-acceptance setting verified every step with the most tokens per forward,
     among those keeping prompt adherence within :data:`ADHERENCE_MARGIN` of ``ar`` when quality was measured."""
@@ -219,33 +197,23 @@ def run(args, log=print) -> dict:
     results = {"model": model.name, "device": device, "dtype": str(dtype), "torch": torch.__version__,
                "threads": torch.get_num_threads(), "prompts": prompts, "seeds": args.seeds, "repeats": args.repeats,
                "command": " ".join(sys.argv), "cpu": _cpu_name(), "runs": {}}
-    judge = real = None
+    probe = None
     if model.family == "embedded" and args.quality_images:
-        from ..embedded import domain, judge as judging
-        from ..embedded.evaluate import scenes_and_prompts
+        from ..embedded import judge as judging
+        from ..embedded.quality import QualityProbe
         from ..loaders import embedded
 
-        judge = judging.load_judge(embedded.FOLDER / "judge.safetensors")
-        sp = scenes_and_prompts(args.quality_images, 12345)
-        real = judging.image_features(judge, domain.render_batch(sp[0], [10**6 + i for i in range(len(sp[0]))]))
-    ar_feats = None
+        probe = QualityProbe(model, judging.load_judge(embedded.FOLDER / "judge.safetensors"), args.quality_images,
+                             batch=args.quality_batch)
 
     def measure(configs: dict[str, DecodeConfig]):
-        nonlocal ar_feats
         for label, row in speed(model, configs, prompts, args.seeds, args.repeats, log).items():
             config = configs[label]
             row["settings"] = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
             row["rule"], row["schedule"] = config.rule, config.verify_schedule
-            if judge is not None:
-                q = quality(model, judge, config, sp, real, seed=0, batch=args.quality_batch)
-                feats = q.pop("_feats")
-                if label == "ar":  # noise floor: the same prompts with other seeds
-                    ar_feats = feats
-                    q2 = quality(model, judge, config, sp, real, seed=10**5, batch=args.quality_batch)
-                    results["noise_floor_fd"] = judging.frechet_distance(q2.pop("_feats"), feats)
-                    results["ar_other_seeds"] = q2
-                q["fd_to_ar"] = judging.frechet_distance(feats, ar_feats)
-                row.update(q)
+            if probe is not None:
+                row.update(probe.measure(config))
+                results.update(probe.summary)
             results["runs"][label] = row
             log(f"  {label:28s} NFE {row['nfe']:6.1f}  TPF {row['tokens_per_forward']:5.2f}  "
                 f"latency {row['latency_median_s'] * 1e3:7.1f} ms" +
@@ -272,7 +240,14 @@ def run(args, log=print) -> dict:
 
 
 def main(argv=None) -> int:
+    """``spec-ar bench [options]``, or ``spec-ar bench overhead [options]`` (the engine's own cost)."""
     from ..embedded.demo import PROMPTS
+
+    argv = list(argv or [])
+    if argv[:1] == ["overhead"]:
+        from .overhead import main as overhead
+
+        return overhead(argv[1:])
 
     ap = argparse.ArgumentParser(prog="spec-ar bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -293,7 +268,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
-    from ..cli import writable_folder
+    from ..output_folders import writable_folder
     from .report import write
 
     out = writable_folder(args.out, "--out")  # before an hour of measuring, not after

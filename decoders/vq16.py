@@ -15,56 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..loaders.checkpoints import CheckpointError, load_file, load_weights, state_dict
-
-
-def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
-
-
-def _swish(x):
-    return x * torch.sigmoid(x)
-
-
-class ResnetBlock(nn.Module):
-    def __init__(self, cin: int, cout: int):
-        super().__init__()
-        self.norm1, self.conv1 = _norm(cin), nn.Conv2d(cin, cout, 3, padding=1)
-        self.norm2, self.conv2 = _norm(cout), nn.Conv2d(cout, cout, 3, padding=1)
-        self.nin_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
-
-    def forward(self, x):
-        h = self.conv1(_swish(self.norm1(x)))
-        h = self.conv2(_swish(self.norm2(h)))
-        return h + (x if self.nin_shortcut is None else self.nin_shortcut(x))
-
-
-class AttnBlock(nn.Module):
-    """Single-head self-attention over the pixels of a feature map."""
-
-    def __init__(self, c: int):
-        super().__init__()
-        self.norm = _norm(c)
-        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
-
-    def forward(self, x):
-        b, c, h, w = x.shape
-        y = self.norm(x)
-        q, k, v = (m(y).flatten(2).transpose(1, 2) for m in (self.q, self.k, self.v))  # [b, hw, c]
-        y = F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
-        return x + self.proj_out(y.transpose(1, 2).reshape(b, c, h, w))
-
-
-class _Resample(nn.Module):
-    def __init__(self, c: int, up: bool):
-        super().__init__()
-        self.up = up
-        self.conv = nn.Conv2d(c, c, 3, stride=1 if up else 2, padding=1 if up else 0)
-
-    def forward(self, x):
-        if self.up:
-            return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-        return self.conv(F.pad(x, (0, 1, 0, 1)))  # right/bottom padding, then stride 2
+from ..formats.checkpoints import CheckpointError, load_file, load_weights, state_dict
+from .blocks import AttnBlock, Downsample, ResnetBlock, Upsample, decoder_bytes, norm, swish
 
 
 class _Level(nn.Module):
@@ -73,9 +25,9 @@ class _Level(nn.Module):
         self.res = nn.ModuleList(ResnetBlock(a, b) for a, b in channels)
         self.attn = nn.ModuleList(AttnBlock(b) for _, b in channels) if attn else nn.ModuleList()
         if resample == "down":
-            self.downsample = _Resample(channels[-1][1], up=False)
+            self.downsample = Downsample(channels[-1][1])
         elif resample == "up":
-            self.upsample = _Resample(channels[-1][1], up=True)
+            self.upsample = Upsample(channels[-1][1])
 
     def forward(self, x):
         for i, block in enumerate(self.res):
@@ -136,7 +88,7 @@ class Encoder(nn.Module):
             cin = c
         self.conv_blocks = nn.ModuleList(blocks)
         self.mid = nn.ModuleList([ResnetBlock(cin, cin), AttnBlock(cin), ResnetBlock(cin, cin)])
-        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, s.z_channels, 3, padding=1)
+        self.norm_out, self.conv_out = norm(cin), nn.Conv2d(cin, s.z_channels, 3, padding=1)
 
     def forward(self, x):
         x = self.conv_in(x)
@@ -144,7 +96,7 @@ class Encoder(nn.Module):
             x = level(x)
         for m in self.mid:
             x = m(x)
-        return self.conv_out(_swish(self.norm_out(x)))
+        return self.conv_out(swish(self.norm_out(x)))
 
 
 class Decoder(nn.Module):
@@ -161,7 +113,7 @@ class Decoder(nn.Module):
                                  resample=None if last else "up"))
             cin = c
         self.conv_blocks = nn.ModuleList(blocks)
-        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, 3, 3, padding=1)
+        self.norm_out, self.conv_out = norm(cin), nn.Conv2d(cin, 3, 3, padding=1)
 
     def forward(self, z):
         x = self.conv_in(z)
@@ -169,7 +121,7 @@ class Decoder(nn.Module):
             x = m(x)
         for level in self.conv_blocks:
             x = level(x)
-        return self.conv_out(_swish(self.norm_out(x)))
+        return self.conv_out(swish(self.norm_out(x)))
 
 
 class _Quantizer(nn.Module):
@@ -254,8 +206,6 @@ class VQ16Decoder:
 
     def bytes_per_image(self, grid: tuple[int, int]) -> int:
         """Peak activations decoding one image of ``grid`` tokens (an estimate)."""
-        from ..loaders.base import decoder_bytes
-
         s = self.spec
         return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.ch * s.ch_mult[0],
                              self.model.post_quant_conv.weight.element_size())

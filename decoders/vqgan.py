@@ -10,76 +10,21 @@ The architecture comes from the yaml and is checked against the weights.
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import re
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..loaders.checkpoints import CheckpointError, load_file, state_dict
+from ..formats.checkpoints import CheckpointError, load_file, state_dict
+from ..formats.yaml_subset import load_yaml
+from .blocks import AttnBlock, Downsample, ResnetBlock, Upsample, decoder_bytes, norm, swish
 
 YAML_NAME, CKPT_NAME = "vqgan.yaml", "vqgan.ckpt"
 
 
-# -- building blocks (taming-transformers' diffusionmodules layout) ---------------
-def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
-
-
-def _swish(x):
-    return x * torch.sigmoid(x)
-
-
-class ResnetBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, dropout: float = 0.0):
-        super().__init__()
-        self.norm1, self.conv1 = _norm(cin), nn.Conv2d(cin, cout, 3, padding=1)
-        self.norm2, self.dropout, self.conv2 = _norm(cout), nn.Dropout(dropout), nn.Conv2d(cout, cout, 3, padding=1)
-        self.nin_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
-
-    def forward(self, x):
-        h = self.conv1(_swish(self.norm1(x)))
-        h = self.conv2(self.dropout(_swish(self.norm2(h))))
-        return h + (x if self.nin_shortcut is None else self.nin_shortcut(x))
-
-
-class AttnBlock(nn.Module):
-    """Single-head self-attention over the pixels of a feature map."""
-
-    def __init__(self, c: int):
-        super().__init__()
-        self.norm = _norm(c)
-        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
-
-    def forward(self, x):
-        b, c, h, w = x.shape
-        y = self.norm(x)
-        q, k, v = (m(y).flatten(2).transpose(1, 2).unsqueeze(1) for m in (self.q, self.k, self.v))  # [b, 1, hw, c]
-        y = F.scaled_dot_product_attention(q, k, v).squeeze(1)
-        return x + self.proj_out(y.transpose(1, 2).reshape(b, c, h, w))
-
-
-class Upsample(nn.Module):
-    def __init__(self, c: int):
-        super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
-class Downsample(nn.Module):
-    def __init__(self, c: int):
-        super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, stride=2, padding=0)
-
-    def forward(self, x):
-        return self.conv(F.pad(x, (0, 1, 0, 1)))  # right/bottom padding only, as taming
-
-
+# -- taming's grouping of the shared blocks (key names: down.N.block.M, mid.block_1) --
 class _Level(nn.Module):
     """One resolution: ``block`` ResnetBlocks, each followed by its ``attn`` block if any."""
 
@@ -178,7 +123,7 @@ class Encoder(nn.Module):
                 level.downsample, res = Downsample(cin), res // 2
             self.down.append(level)
         self.mid = _Mid(cin, s.dropout)
-        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, s.z_channels, 3, padding=1)
+        self.norm_out, self.conv_out = norm(cin), nn.Conv2d(cin, s.z_channels, 3, padding=1)
 
     def forward(self, x):
         x = self.conv_in(x)
@@ -186,7 +131,7 @@ class Encoder(nn.Module):
             x = level(x)
             if hasattr(level, "downsample"):
                 x = level.downsample(x)
-        return self.conv_out(_swish(self.norm_out(self.mid(x))))
+        return self.conv_out(swish(self.norm_out(self.mid(x))))
 
 
 class Decoder(nn.Module):
@@ -203,7 +148,7 @@ class Decoder(nn.Module):
                 level.upsample, res = Upsample(cin), res * 2
             levels[i] = level
         self.up = nn.ModuleList(levels)  # up[i] has ch * ch_mult[i] channels: up[-1] is the lowest resolution
-        self.norm_out, self.conv_out = _norm(cin), nn.Conv2d(cin, s.out_ch, 3, padding=1)
+        self.norm_out, self.conv_out = norm(cin), nn.Conv2d(cin, s.out_ch, 3, padding=1)
 
     def forward(self, z):
         x = self.mid(self.conv_in(z))
@@ -211,7 +156,7 @@ class Decoder(nn.Module):
             x = level(x)
             if hasattr(level, "upsample"):
                 x = level.upsample(x)
-        return self.conv_out(_swish(self.norm_out(x)))
+        return self.conv_out(swish(self.norm_out(x)))
 
 
 class VectorQuantizer(nn.Module):
@@ -346,8 +291,6 @@ class VQGANDecoder:
 
     def bytes_per_image(self, grid: tuple[int, int]) -> int:
         """Peak activations decoding one image of ``grid`` tokens (an estimate)."""
-        from ..loaders.base import decoder_bytes
-
         s = self.spec
         itemsize = next(self.model.parameters()).element_size()
         return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.ch * s.ch_mult[0], itemsize)
@@ -374,160 +317,3 @@ class VQGANDecoder:
             raise ValueError(f"codes must lie in [0, {self.spec.n_embed}), got {codes.min()}..{codes.max()}")
         x = self.model.decode_codes(codes).float()
         return ((x + 1) / 2).clamp_(0, 1)
-
-
-# -- yaml ------------------------------------------------------------------------
-def load_yaml(text: str):
-    """``yaml.safe_load`` when PyYAML is installed (it is not a dependency), else
-    :func:`parse_simple_yaml`."""
-    try:
-        import yaml
-    except ImportError:
-        return parse_simple_yaml(text)
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:  # one error type for both parsers
-        raise ValueError(str(err)) from err
-
-
-# YAML 1.1 plain scalars as PyYAML's safe loader resolves them (so both parsers agree)
-_NULL = re.compile(r"~|null|Null|NULL|")
-_BOOL = {v: v.lower() in ("yes", "true", "on") for v in
-         "yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF".split()}
-_INT = re.compile(r"[-+]?(0|[1-9][0-9_]*)")  # decimal only (no octal, hex or sexagesimal)
-_FLOAT = re.compile(r"[-+]?[0-9][0-9_]*\.[0-9_]*([eE][-+][0-9]+)?|\.[0-9][0-9_]*([eE][-+][0-9]+)?")
-_SPECIAL_FLOATS = {f"{sign}.{inf}": float(f"{sign or '+'}inf")
-                   for sign in ("", "+", "-") for inf in ("inf", "Inf", "INF")}
-_SPECIAL_FLOATS.update({f".{nan}": float("nan") for nan in ("nan", "NaN", "NAN")})
-
-
-def _scalar(s: str):
-    s = s.strip()
-    if s[:1] in ("'", '"'):
-        if len(s) < 2 or s[-1] != s[0]:
-            raise ValueError(f"unterminated string {s!r}")
-        return s[1:-1].replace("''", "'") if s[0] == "'" else json.loads(s)  # yaml's escapes ~ json's
-    if s[:1] in ("[", "{"):
-        return _flow(s)
-    if s[:1] in ("&", "*", "!", "|", ">", "%", "@", "`"):
-        raise ValueError(f"unsupported yaml feature in {s!r}")
-    if _NULL.fullmatch(s):
-        return None
-    if s in _BOOL:
-        return _BOOL[s]
-    if _INT.fullmatch(s):
-        return int(s.replace("_", ""))
-    if _FLOAT.fullmatch(s):
-        return float(s.replace("_", ""))
-    if s in _SPECIAL_FLOATS:
-        return _SPECIAL_FLOATS[s]
-    return s
-
-
-def _split_top(s: str) -> list[str]:
-    """Split a flow collection's body at the commas outside brackets and quotes."""
-    parts, depth, quote, start = [], 0, None, 0
-    for i, c in enumerate(s):
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"" and (i == 0 or s[i - 1] in " [{,"):
-            quote = c
-        elif c in "[{":
-            depth += 1
-        elif c in "]}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(s[start:i])
-            start = i + 1
-    parts.append(s[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _flow(s: str):
-    close = {"[": "]", "{": "}"}[s[0]]
-    if not s.endswith(close):
-        raise ValueError(f"unterminated flow collection {s!r}")
-    items = _split_top(s[1:-1])
-    if close == "]":
-        return [_scalar(p) for p in items]
-    return {key: _scalar(value or "") for key, value in map(_key_value, items)}
-
-
-def _key_value(s: str) -> tuple:
-    """``key: value`` -> ``(key, value text or None)``."""
-    m = re.match(r"""("[^"]*"|'[^']*'|[^'"{}\[\],:#][^:#]*?)\s*:(?:\s+(.*))?$""", s)
-    if not m:
-        raise ValueError(f"expected 'key: value', got {s!r}")
-    return _scalar(m.group(1)), m.group(2)
-
-
-def _strip_comment(line: str) -> str:
-    quote = None
-    for i, c in enumerate(line):
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"" and (i == 0 or line[i - 1] in " \t[{,"):  # a quote opens only a quoted scalar
-            quote = c
-        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
-            return line[:i]
-    return line
-
-
-def parse_simple_yaml(text: str):
-    """A small yaml reader for config files such as ``vqgan.yaml``: nested block
-    mappings and sequences, flow lists and mappings of scalars, quoted and plain
-    scalars (resolved as PyYAML's safe loader does), comments.  Anchors, tags and
-    multi-line scalars raise ``ValueError``."""
-    lines = []
-    for raw in text.splitlines():
-        line = _strip_comment(raw).rstrip()
-        if line.strip() in ("", "---"):
-            continue
-        if "\t" in line[: len(line) - len(line.lstrip())]:
-            raise ValueError("tabs in indentation")
-        lines.append([len(line) - len(line.lstrip()), line.strip()])
-    if not lines:
-        return None
-
-    def is_item(content: str) -> bool:
-        return content == "-" or content.startswith("- ")
-
-    def block(i: int, indent: int):
-        """The collection whose lines start at ``lines[i]`` with this indent -> (value, next i)."""
-        items: list | dict = [] if is_item(lines[i][1]) else {}
-        while i < len(lines) and lines[i][0] == indent:
-            content = lines[i][1]
-            if isinstance(items, list):
-                if not is_item(content):
-                    break
-                rest = content[1:].lstrip()
-                if not rest:  # the item is the indented block below
-                    if i + 1 < len(lines) and lines[i + 1][0] > indent:
-                        value, i = block(i + 1, lines[i + 1][0])
-                    else:
-                        value, i = None, i + 1
-                elif rest[:1] not in "'\"[{" and re.match(r"[^:]*?:(\s|$)", rest):  # "- key: value" opens a mapping
-                    lines[i] = [indent + len(content) - len(rest), rest]
-                    value, i = block(i, lines[i][0])
-                else:
-                    value, i = _scalar(rest), i + 1
-                items.append(value)
-                continue
-            if is_item(content):
-                raise ValueError(f"a sequence item where a mapping key was expected: {content!r}")
-            key, text = _key_value(content)
-            value, i = (None if text is None else _scalar(text)), i + 1
-            if text is None and i < len(lines) and (
-                    lines[i][0] > indent or (lines[i][0] == indent and is_item(lines[i][1]))):
-                value, i = block(i, lines[i][0])  # nested block (a sequence may sit at the key's indent)
-            items[key] = value
-        if i < len(lines) and lines[i][0] > indent:
-            raise ValueError(f"unexpected indentation at {lines[i][1]!r}")
-        return items, i
-
-    if len(lines) == 1 and not is_item(lines[0][1]) and not re.match(r"[^:]*?:(\s|$)", lines[0][1]):
-        return _scalar(lines[0][1])
-    value, end = block(0, lines[0][0])
-    if end != len(lines):
-        raise ValueError(f"unexpected line {lines[end][1]!r}")
-    return value

@@ -20,15 +20,11 @@ import numpy as np
 import torch
 
 from ..prompt_files import read_prompts
+from .quality import to_uint8
 
 MODES = ("ar", "sjd", "gsd", "lantern", "vvs")
 PROMPTS = pathlib.Path(__file__).with_name("prompts.txt")
 SINGLE = 3  # prompts timed one at a time (batch 1), each mode in turn
-
-
-def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """``[B, 3, H, W]`` in [0, 1] -> ``[B, H, W, 3]`` uint8."""
-    return (images.permute(0, 2, 3, 1).cpu().numpy() * 255).round().astype(np.uint8)
 
 
 def contact_sheet(rows: list[np.ndarray], row_labels: list[str] | None = None, col_labels: list[str] | None = None,

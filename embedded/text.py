@@ -67,10 +67,19 @@ class TextEncoder(nn.Module):
     def encode(self, prompts: list[str], max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(features [B, L, dim], mask [B, L])`` left-padded as LlamaGen's sampler
         pads T5 features (valid rows at the end, padding zeroed)."""
-        from ..loaders.t5 import left_pad
-
         if max_length not in (None, self.max_length):
             raise ValueError(f"this text encoder produces {self.max_length} tokens (asked for {max_length})")
         ids, mask = self.tokenize(prompts)
         with torch.set_grad_enabled(self.training):
             return left_pad(self(ids, mask), mask)
+
+
+def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move each row's valid (right-padded) tokens to the end; zero the padding: LlamaGen's
+    layout of caption features, for this encoder and for T5 (``loaders/t5.py``)."""
+    n = feats.shape[1]
+    valid = mask.sum(1, keepdim=True)
+    idx = (torch.arange(n, device=feats.device).unsqueeze(0) + valid) % n  # rotate left by `valid`
+    out = feats.gather(1, idx.unsqueeze(-1).expand_as(feats))
+    new_mask = mask.flip(-1)
+    return out * new_mask.unsqueeze(-1).to(out.dtype), new_mask

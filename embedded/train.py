@@ -26,70 +26,19 @@ import json
 import math
 import pathlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..decoders.vq16 import VQModel, VQSpec
-from ..loaders.llamagen import GPTSpec, LlamaGenGPT
-from .text import TextEncoder
+from ..decoders.vq16 import VQModel
+from ..loaders.embedded import gpt_spec, vq_spec
+from ..loaders.llamagen import LlamaGenGPT
+from .recipe import Recipe
+from .text import TextEncoder, left_pad
 
 WEIGHTS = pathlib.Path(__file__).with_name("weights")
-
-
-@dataclass(frozen=True)
-class Recipe:
-    seed: int = 0
-    images: int = 24000
-    size: int = 64
-    drop: float = 0.3  # share of captions missing the position / the background phrase
-    # VQ tokenizer
-    vq_ch: int = 32
-    vq_mult: tuple[int, ...] = (1, 2, 2)
-    vq_enc_blocks: int = 1
-    vq_dec_blocks: int = 2
-    vq_z: int = 32
-    codebook: int = 512
-    code_dim: int = 8
-    vq_steps: int = 800
-    vq_batch: int = 32
-    vq_lr: float = 4e-4
-    commit: float = 0.25
-    object_weight: float = 6.0  # extra reconstruction weight on (and just around) the object
-    # the decoder, on the codes of the dataset: replicate padding, then fine-tuned (train_decoder)
-    vq_decoder_padding: str = "replicate"
-    vq_decoder_steps: int = 800
-    vq_decoder_lr: float = 2e-4
-    # text encoder and GPT
-    text_dim: int = 128
-    text_layers: int = 2
-    words: int = 16  # condition tokens (words + </s>)
-    dim: int = 192
-    layers: int = 6
-    gpt_steps: int = 2000
-    gpt_batch: int = 32
-    gpt_lr: float = 6e-4
-    cond_drop: float = 0.1
-    # judge
-    judge_images: int = 20000
-    judge_epochs: int = 4
-
-    @property
-    def grid(self) -> int:
-        return self.size // 2 ** (len(self.vq_mult) - 1)
-
-
-def vq_spec(r: Recipe) -> VQSpec:
-    return VQSpec(ch=r.vq_ch, ch_mult=r.vq_mult, enc_blocks=r.vq_enc_blocks, dec_blocks=r.vq_dec_blocks,
-                  z_channels=r.vq_z, codebook_size=r.codebook, embed_dim=r.code_dim)
-
-
-def gpt_spec(r: Recipe) -> GPTSpec:
-    ffn = -(-int(2 * 4 * r.dim / 3) // 256) * 256
-    return GPTSpec(dim=r.dim, n_layer=r.layers, n_head=max(1, r.dim // 64), ffn_hidden=ffn, vocab_size=r.codebook,
-                   kind="t2i", caption_dim=r.text_dim, cond_tokens=r.words)
 
 
 def _to_tensor(images: np.ndarray) -> torch.Tensor:
@@ -212,7 +161,7 @@ def train_gpt(r: Recipe, codes: torch.Tensor, captions: list[str], vocabulary, l
         for g in opt.param_groups:
             g["lr"] = r.gpt_lr * _schedule(step, r.gpt_steps, 100)
         pick = torch.randint(0, len(codes), (r.gpt_batch,), generator=gen)
-        feats, mask = _left_pad(text(ids[pick], masks[pick]), masks[pick])
+        feats, mask = left_pad(text(ids[pick], masks[pick]), masks[pick])
         drop = torch.rand(r.gpt_batch, generator=gen) < r.cond_drop
         uncond = gpt.cls_embedding.uncond_embedding.expand_as(feats)
         feats = torch.where(drop[:, None, None], uncond, feats)
@@ -225,12 +174,6 @@ def train_gpt(r: Recipe, codes: torch.Tensor, captions: list[str], vocabulary, l
         if step % 100 == 0 or step == r.gpt_steps - 1:
             log(f"  gpt step {step:5d}  loss {loss.item():.4f}  lr {opt.param_groups[0]['lr']:.2e}")
     return gpt.eval(), text.eval()
-
-
-def _left_pad(feats, mask):
-    from ..loaders.t5 import left_pad
-
-    return left_pad(feats, mask)
 
 
 # -- files -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from typing import Callable
 
 import torch
 
+from ..decoders.blocks import decoder_bytes
 from ..sampling.adapter import ImageAdapter
 from ..sampling.config import ConfigError
 from ..sampling.memory import HEADROOM, check_fits, free_bytes
@@ -56,16 +57,6 @@ def decode_in_chunks(decode, tokens: torch.Tensor, bytes_per_image: int, device)
     free = free_bytes(device) if bytes_per_image else None
     chunk = len(tokens) if free is None else max(1, int(HEADROOM * free // bytes_per_image))
     return torch.cat([decode(tokens[i:i + chunk]).float().cpu() for i in range(0, len(tokens), chunk)])
-
-
-#: live full-resolution tensors in a VQ decoder's last level (input, norm, activation, conv outputs)
-DECODER_LIVE_TENSORS = 8
-
-
-def decoder_bytes(pixels: int, channels: int, itemsize: int) -> int:
-    """An estimate of a VQ decoder's peak activations for one image of ``pixels``
-    pixels whose last level has ``channels`` channels."""
-    return DECODER_LIVE_TENSORS * pixels * channels * itemsize
 
 
 def vq_decoder_bytes(vq_config, side: int, dtype: torch.dtype) -> int:

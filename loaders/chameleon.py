@@ -8,50 +8,60 @@ map is read from the checkpoint's ``vocabulary_map``, never assumed.  Pictures
 come from Meta's VQGAN (``tokenizer/vqgan.yaml`` + ``vqgan.ckpt``,
 ``decoders/vqgan.py``), which transformers does not include.
 
-Folders in transformers' format load directly; Meta's release layout
-(``models/7b/consolidated.pth`` + ``params.json``, ``tokenizer/text_tokenizer.json``,
-``tokenizer/vqgan.*``: Chameleon, GAIR's Anole) is converted in memory by
-``chameleon_meta.py``.
+Folders in transformers' format load directly, and so do Lumina-mGPT's own saves (its
+releases), whose q/k norms hold one row per model-parallel shard (:func:`norm_repeats`: each
+row is repeated over its shard's heads, as Lumina's model does at run time).  Meta's release
+layout (``models/7b/consolidated.pth`` + ``params.json``, ``tokenizer/text_tokenizer.json``,
+``tokenizer/vqgan.*``: Chameleon, GAIR's Anole) is converted in memory by ``chameleon_meta.py``.
 
 Two token grammars (``ChameleonSpec.flavour``):
 
-* **Lumina-mGPT** (Alpha-VLLM's reference ``inference_solver.py``): prompt
-  ``Generate an image of {W}x{H} according to the following prompt:\\n{prompt}``
-  (BOS first) ended by ``<reserved08706>``, then ``<racm3:break>``; the stream is
-  two size tokens ``<reserved{8800 + side / 32}>`` (height, width), ``H`` rows of
-  ``W`` image tokens each closed by ``<reserved08799>`` (end of line), then
-  ``<eoss>`` (end of image): all structural tokens forced.  The unconditional
-  branch is the reference's: only the tokens from ``<racm3:break>`` on, with its
-  own cache rows.  The reference samples the two size tokens freely from the
-  prompt; forcing them to the requested size is our one departure.  CFG 3 on raw
-  logits, image top-k 2000, temperature 1.
-* **Anole / Chameleon** (Meta's reference): BOS, prompt, ``<racm3:break>``, then
-  1024 image tokens (32 x 32 at 512 px) with no end-of-line, ``<eoss>`` forced
-  last.  Three-way guidance ``u + 1.2 (img - u) + 3.0 (full - img)`` with
-  ``full`` = the prompt, ``img`` = the prompt's images only, ``u`` = BOS + image
-  start.  A text-only prompt has no images, so ``img`` is the same sequence as
-  ``u``: it is computed once and returned for both branches (no extra forward).
-  Meta's image defaults: temperature 0.7, top-p 0.9.
+* **Lumina-mGPT** (Alpha-VLLM/Lumina-mGPT @104abe45, ``inference_solver.py`` and
+  ``generate_examples/generate.py``): BOS, then the turn
+  ``Generate an image of {W}x{H} according to the following prompt:\\n{prompt}<reserved08706>``
+  encoded as one text (``<reserved08706>``, id 8710, ends the turn).  The reference then lets
+  the model write ``<racm3:break>`` (text top-k 10, no CFG), the two size tokens
+  ``<reserved{8800 + side / 32}>`` (height, width; image top-k, no CFG), ``H`` rows of ``W``
+  image tokens each closed by ``<reserved08799>`` (end of line, constrained) and ``<eoss>``
+  (end of image, constrained).  Here ``<racm3:break>`` ends the prompt and the size tokens are
+  forced to the requested size: the **departures** from the reference, both where it samples
+  what a well-formed image of that size must contain.  End of line and end of image are forced
+  as the reference constrains them.  The unconditional branch is the reference's: only the
+  tokens from ``<racm3:break>`` on, with its own cache rows (CFG starts at the first image
+  token).  CFG 3 on raw logits, image top-k 2000, temperature 1.
+* **Anole** (GAIR-NLP/anole @af563fa1, ``text2image.py`` on Meta's ``chameleon/inference``):
+  BOS, the prompt, ``<END-OF-TURN>`` (``<reserved08706>``, id 8710), ``<racm3:break>``, then
+  1024 image tokens (32 x 32 at 512 px) with no end-of-line, ``<eoss>`` forced last.
+  Three-way guidance ``u + 1.2 (img - u) + 3.0 (full - img)`` with ``full`` = the prompt,
+  ``img`` = the prompt's images only, ``u`` = BOS + image start.  A text-only prompt has no
+  images, so ``img`` is the same sequence as ``u`` (both ``[BOS, <racm3:break>]``): it is
+  computed once and returned for both branches (no extra forward).  Meta's image defaults:
+  temperature 0.7, top-p 0.9.
 """
 from __future__ import annotations
 
 import pathlib
+import re
 from dataclasses import dataclass
 
 import torch
 
+from ..formats.checkpoints import (CheckpointError, dtype_kwarg, from_pretrained, hf_call, load_file, peek,
+                                   read_json, state_dict, tokenizer_from_pretrained, weight_files)
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
+from .family import Detected, Family, LoadOptions, transformers_config
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
+END_OF_TURN = "<reserved08706>"  # id 8710: Lumina's conversation separator, Anole's <END-OF-TURN> sentinel
 LUMINA_TEMPLATE = "Generate an image of {w}x{h} according to the following prompt:\n{prompt}"
-LUMINA_END_OF_TURN, LUMINA_EOL = "<reserved08706>", "<reserved08799>"
+LUMINA_EOL = "<reserved08799>"
 LUMINA_SIZES = (512, 768, 1024)
 ANOLE_SIZE = 512
 PATCH = 16  # pixels per image token
 SIZE_UNIT = 32  # Lumina's size tokens count 32-pixel units
+NORM_KEY = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_norm\.(?:weight|bias)")
 
 
 def size_token(pixels: int) -> str:
@@ -119,11 +129,12 @@ class ChameleonAdapter(RaggedCacheAdapter):
 
         self.bos = tokenizer.bos_token_id
         self.start, self.end = tid(IMAGE_START), tid(IMAGE_END)
+        self.end_of_turn = tid(END_OF_TURN)
         rows, cols = spec.grid
         if spec.flavour == "lumina":
             self.guidance = "linear"
             self.sampling_defaults = {"cfg_scale": 3.0, "top_k": 2000, "temperature": 1.0}
-            self.end_of_turn, eol = tid(LUMINA_END_OF_TURN), tid(LUMINA_EOL)
+            eol = tid(LUMINA_EOL)
             stride = cols + 1
             forced = {0: tid(size_token(spec.height)), 1: tid(size_token(spec.width))}
             forced.update({2 + r * stride + cols: eol for r in range(rows)})
@@ -147,11 +158,13 @@ class ChameleonAdapter(RaggedCacheAdapter):
             raise ValueError(f"prompt must be non-empty text (got {shorten(bad[0])})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        if self.spec.flavour == "lumina":
-            text = LUMINA_TEMPLATE.format(w=self.spec.width, h=self.spec.height, prompt=prompt)
+        if self.spec.flavour == "lumina":  # the turn and its end-of-turn encoded as one text, as the reference does
+            text = LUMINA_TEMPLATE.format(w=self.spec.width, h=self.spec.height, prompt=prompt) + END_OF_TURN
             ids = self.tokenizer(text, add_special_tokens=False).input_ids
-            return [self.bos] + ids + [self.end_of_turn, self.start]
-        return [self.bos] + self.tokenizer(prompt, add_special_tokens=False).input_ids + [self.start]
+            if ids[-1:] != [self.end_of_turn]:
+                raise CheckpointError(f"the tokenizer does not keep {END_OF_TURN} whole (got ids {ids[-3:]})")
+            return [self.bos] + ids + [self.start]  # <racm3:break> forced (the reference samples it)
+        return [self.bos] + self.tokenizer(prompt, add_special_tokens=False).input_ids + [self.end_of_turn, self.start]
 
     def unconditional_ids(self) -> list[int]:
         # Lumina: the tokens from the image start on; Anole: BOS + image start
@@ -208,15 +221,60 @@ class ChameleonAdapter(RaggedCacheAdapter):
         return self.code_of.to(tokens.device)[tokens]
 
 
+def norm_repeats(shapes: dict[str, tuple[int, ...]], config, source: str = "the weights") -> dict[str, int]:
+    """The q/k norm tensors stored in Lumina-mGPT's layout, each with the head count to repeat it to.
+
+    Lumina's Chameleon copy (Alpha-VLLM/Lumina-mGPT @104abe45, ``ChameleonLayerNorm`` in
+    ``lumina_mgpt/model/chameleon/modeling_chameleon.py``) keeps one row per model-parallel shard,
+    ``[model_parallel_size, head_dim]`` (``[1, 128]`` in the 7B releases, ``[4, 128]`` in the 34B), and
+    repeats each row over its shard's heads at run time; transformers keeps ``[heads, head_dim]``.
+    ``shapes`` maps tensor names to shapes; a norm shape that fits neither layout is one error."""
+    heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
+    head_dim = config.hidden_size // config.num_attention_heads
+    shards = int(getattr(config, "model_parallel_size", None) or 1)
+    out = {}
+    for key, shape in shapes.items():
+        m = NORM_KEY.fullmatch(key)
+        if m is None or tuple(shape) == (heads[m.group(1)], head_dim):
+            continue
+        n = heads[m.group(1)]
+        if tuple(shape) == (shards, head_dim) and n % shards == 0:
+            out[key] = n
+            continue
+        lumina = (f"[{shards}, {head_dim}] (Lumina-mGPT's: one row per model-parallel shard, model_parallel_size "
+                  f"{shards} in config.json)" if n % shards == 0 else
+                  f"none of Lumina-mGPT's (model_parallel_size {shards} in config.json does not divide {n} heads)")
+        raise CheckpointError(f"{source}: {key} has shape {list(shape)}; the layouts that load are [{n}, {head_dim}] "
+                              f"(transformers': one row per {'query' if m.group(1) == 'q' else 'key/value'} head) "
+                              f"and {lumina}")
+    return out
+
+
 def load_model(folder, device="cpu", dtype=torch.float32):
-    from transformers import ChameleonForConditionalGeneration
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     from . import chameleon_meta
 
     folder = pathlib.Path(folder)
     if chameleon_meta.is_meta_layout(folder):  # Meta's release layout, converted in memory
         return chameleon_meta.load_model(folder, device, dtype)
-    model = from_pretrained(ChameleonForConditionalGeneration, folder, "a Chameleon-architecture model")
+    config = hf_call(lambda: ChameleonConfig.from_pretrained(str(folder), local_files_only=True), folder,
+                     "a Chameleon configuration")
+    files = weight_files(folder)
+    repeats = {}
+    for f in files:  # tensor headers only (safetensors): the norm shapes decide the layout before any weight is read
+        norms = {k: shape for k, shape in peek(f).items() if NORM_KEY.fullmatch(k)}
+        repeats.update(norm_repeats(norms, config, str(f)))
+    what = "a Chameleon-architecture model"
+    if repeats:  # Lumina-mGPT's own save: each per-shard row repeated per head, as its model does at run time
+        weights = {}
+        for f in files:
+            weights.update(state_dict(load_file(f)))
+        weights.update({k: chameleon_meta.repeat_per_head(weights[k], n) for k, n in repeats.items()})
+        model = hf_call(lambda: ChameleonForConditionalGeneration.from_pretrained(
+            None, config=config, state_dict=weights, **dtype_kwarg(dtype)), folder, what)
+    else:  # in ``dtype`` from the start: rotary tables built in bfloat16 (the files' dtype) stay rounded
+        model = from_pretrained(ChameleonForConditionalGeneration, folder, what, dtype=dtype)
     tokenizer = tokenizer_from_pretrained(folder)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
@@ -277,3 +335,38 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
                            decode_bytes_per_image=decoder.bytes_per_image(adapter.layout.grid))
 
     return build((width, height))
+
+
+def _chameleon_flavour(path: pathlib.Path) -> str | None:
+    """``lumina`` or ``anole`` for a folder with transformers' Chameleon config.json."""
+    settings = transformers_config(path) or {}
+    return flavour_of(settings) if settings.get("model_type") == "chameleon" else None
+
+
+def _detect_lumina(path: pathlib.Path) -> Detected | None:
+    return Detected("lumina", path, "chameleon") if _chameleon_flavour(path) == "lumina" else None
+
+
+def _detect_anole(path: pathlib.Path) -> Detected | None:
+    """Meta's release layout, converted in memory, or transformers' format."""
+    from . import chameleon_meta
+
+    if chameleon_meta.is_meta_layout(path):
+        return Detected("anole", path, "chameleon-meta")
+    return Detected("anole", path, "chameleon") if _chameleon_flavour(path) == "anole" else None
+
+
+def _load(hit: Detected, o: LoadOptions):
+    return load(hit.path, o.vq, o.device, o.dtype, o.width or o.resolution, o.height or o.resolution)
+
+
+LUMINA = Family(
+    "lumina", detect=_detect_lumina, load=_load, square=False,
+    needs="a Lumina-mGPT folder: config.json with model_type 'chameleon' and architectures "
+          "ChameleonXLLMXForConditionalGeneration, weights, tokenizer, and Meta's VQGAN "
+          "(tokenizer/vqgan.yaml + vqgan.ckpt) inside or given")
+ANOLE = Family(
+    "anole", detect=_detect_anole, load=_load, square=False,
+    needs="an Anole / Chameleon folder, in transformers' format (config.json with model_type 'chameleon', "
+          "weights, tokenizer) or Meta's (models/7b/consolidated.pth + params.json, tokenizer/text_tokenizer.json), "
+          "with Meta's VQGAN (tokenizer/vqgan.yaml + vqgan.ckpt) inside or given")

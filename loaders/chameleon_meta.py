@@ -49,7 +49,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .checkpoints import CheckpointError, load_file, state_dict
+from ..formats.checkpoints import CheckpointError, load_file, state_dict
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +305,12 @@ def check_shapes(shards: list[dict], config, source="consolidated.pth", params_s
                               f"{kv} kv heads{ffn}): {'; '.join(parts)}")
 
 
+def repeat_per_head(per_shard: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """q/k norm rows ``[shards, head_dim]`` -> ``[n_heads, head_dim]``: shard i's row for each of
+    its ``n_heads // shards`` consecutive heads (the model-parallel split of the heads)."""
+    return per_shard.repeat_interleave(n_heads // per_shard.shape[0], 0)
+
+
 def remap_meta_keys(state_dict, config, source="consolidated.pth", params_source="params.json") -> dict:
     """transformers' state dict (``model.*``, ``lm_head.weight``; no ``model.vqmodel.*``) from
     Meta's consolidated weights: one dict, or a list of model-parallel shards in order."""
@@ -325,7 +331,7 @@ def remap_meta_keys(state_dict, config, source="consolidated.pth", params_source
 
     def head_norm(key, n_heads):  # each shard's [hd] vector, reordered likewise, for each of its heads
         per_shard = torch.stack([s[key] for s in shards]).reshape(n, hd // 2, 2).transpose(1, 2).reshape(n, hd)
-        return per_shard.repeat_interleave(n_heads // n, 0)
+        return repeat_per_head(per_shard, n_heads)
 
     out = {"model.embed_tokens.weight": joined("tok_embeddings.weight", 1),
            "model.norm.weight": replicated("norm.weight"), "lm_head.weight": joined("output.weight", 0)}

@@ -1,40 +1,24 @@
-"""Which family a checkpoint file or folder holds, judged by its contents."""
+"""Which family a checkpoint file or folder holds, judged by its contents.
+
+Each family module declares a :class:`~.family.Family` (how to recognise its files,
+what it needs, how to load); :data:`FAMILIES` asks them in turn.
+"""
 from __future__ import annotations
 
 import pathlib
-from dataclasses import dataclass
 
 import torch
 
-from .checkpoints import CheckpointError, peek, read_json
+from ..formats.checkpoints import CheckpointError, peek, read_json
+from . import chameleon, embedded, emu3, janus, llamagen
+from .family import Detected, Family, LoadOptions, NotAModel
 
-REQUIREMENTS = {
-    "embedded": "the word 'embedded' or the embedded model's folder (config.json with format 'spec_ar-embedded')",
-    "llamagen": "a LlamaGen GPT file (.pt/.pth/.safetensors holding tok_embeddings.weight and "
-                "layers.N.attention.wqkv.weight), with its VQ tokenizer file (vq_ds16_*.pt) beside or given",
-    "janus": "a Janus / Janus-Pro folder: config.json with model_type 'janus' (converted) or 'multi_modality' "
-             "(deepseek-ai original), weights and tokenizer files",
-    "lumina": "a Lumina-mGPT folder: config.json with model_type 'chameleon' and architectures "
-              "ChameleonXLLMXForConditionalGeneration, weights, tokenizer, and Meta's VQGAN "
-              "(tokenizer/vqgan.yaml + vqgan.ckpt) inside or given",
-    "emu3": "an Emu3 folder in transformers' format (Emu3-Gen-hf): config.json with model_type 'emu3', weights "
-            "(the VQ-VAE included) and tokenizer files",
-    "anole": "an Anole / Chameleon folder, in transformers' format (config.json with model_type 'chameleon', "
-             "weights, tokenizer) or Meta's (models/7b/consolidated.pth + params.json, tokenizer/text_tokenizer.json), "
-             "with Meta's VQGAN (tokenizer/vqgan.yaml + vqgan.ckpt) inside or given",
-}
-
-
-@dataclass(frozen=True)
-class Detected:
-    family: str  # "llamagen", "janus"; "llamagen-vq" for a tokenizer file
-    path: pathlib.Path
-    detail: str = ""
-
-    @property
-    def condition(self) -> str:
-        """What the model is conditioned on, known before loading: "class" or "text"."""
-        return "class" if self.family == "llamagen" and self.detail == "c2i" else "text"
+#: detection order.  The folder families come first and LlamaGen last: it recognises a
+#: folder by reading the checkpoint files in it, which must not happen to Meta's
+#: 14 GB consolidated.pth (an Anole folder).  Their config.json sets them apart otherwise.
+FAMILIES: tuple[Family, ...] = (embedded.FAMILY, janus.FAMILY, chameleon.LUMINA, emu3.FAMILY, chameleon.ANOLE,
+                                llamagen.FAMILY)
+BY_NAME = {family.name: family for family in FAMILIES}
 
 
 def _describe(keys: dict) -> str:
@@ -42,110 +26,50 @@ def _describe(keys: dict) -> str:
     return f"{len(names)} tensors, e.g. {', '.join(names[:4])}" if names else "no tensors"
 
 
-def classify_file(path: pathlib.Path) -> Detected | None:
-    keys = peek(path)
-    if "tok_embeddings.weight" in keys and any(k.endswith("attention.wqkv.weight") for k in keys):
-        kind = "t2i" if "cls_embedding.uncond_embedding" in keys else "c2i"
-        return Detected("llamagen", path, kind)
-    if "quantize.embedding.weight" in keys and any(k.startswith("decoder.conv_blocks.") for k in keys):
-        return Detected("llamagen-vq", path)
-    return None
-
-
 def detect(path: str | pathlib.Path) -> Detected:
     """The family of ``path``; one clear error listing what was found otherwise."""
-    from . import embedded
-
-    if str(path) == "embedded":
+    if str(path) == "embedded":  # the shipped model's name, not a path
         return Detected("embedded", embedded.FOLDER)
     path = pathlib.Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or folder")
-    if path.is_dir() and embedded.is_embedded(path):
-        return Detected("embedded", path)
-    found = ""
-    if path.is_dir():
-        from .chameleon_meta import is_meta_layout
-
-        if is_meta_layout(path):  # before anything peeks into a 14 GB consolidated.pth
-            return Detected("anole", path, "chameleon-meta")
-        config = path / "config.json"
-        if config.is_file():
-            settings = read_json(config)
-            model_type = settings.get("model_type")
-            if model_type in ("janus", "multi_modality"):
-                return Detected("janus", path, model_type)
-            if model_type == "emu3":
-                return Detected("emu3", path, model_type)
-            if model_type == "chameleon":
-                from .chameleon import flavour_of
-
-                return Detected(flavour_of(settings), path, model_type)
-            found = f"config.json with model_type {model_type!r}"
-        else:
-            files = sorted(p for p in path.iterdir() if p.suffix in (".pt", ".pth", ".safetensors", ".bin"))
-            gpts = [d for p in files if (d := _try(p)) and d.family == "llamagen"]
-            if len(gpts) == 1:
-                return gpts[0]
-            found = f"no config.json; {len(files)} checkpoint files" + (f", {len(gpts)} LlamaGen GPTs" if gpts else "")
-    else:
+    for family in FAMILIES:
         try:
-            hit = classify_file(path)
+            hit = family.detect(path)
+        except NotAModel:
+            raise
         except CheckpointError as err:
+            if path.is_dir():  # a folder's config.json that is no JSON object: named as it is
+                raise
             raise CheckpointError(f"{path}: not a model this pack recognises ({err}). {_needs()}") from err
         if hit is not None:
-            if hit.family == "llamagen-vq":
-                raise CheckpointError(f"{path}: this is a LlamaGen VQ tokenizer, not a model; give it as the VQ "
-                                      "decoder and point the model at the GPT file")
             return hit
-        found = _describe(peek(path))
-    raise CheckpointError(f"{path}: not a model this pack recognises (found {found}). {_needs()}")
+    raise CheckpointError(f"{path}: not a model this pack recognises (found {_found(path)}). {_needs()}")
 
 
-def _try(p: pathlib.Path) -> Detected | None:
-    try:
-        return classify_file(p)
-    except (CheckpointError, RuntimeError, OSError):
-        return None
+def _found(path: pathlib.Path) -> str:
+    """What ``path`` holds, for the error when no family recognises it."""
+    if not path.is_dir():
+        return _describe(peek(path))
+    config = path / "config.json"
+    if config.is_file():
+        return f"config.json with model_type {read_json(config).get('model_type')!r}"
+    files = [p for p in path.iterdir() if p.suffix in llamagen.FOLDER_SUFFIXES]
+    gpts = llamagen.gpts_in(path)
+    return f"no config.json; {len(files)} checkpoint files" + (f", {len(gpts)} LlamaGen GPTs" if gpts else "")
 
 
 def _needs() -> str:
-    return "Supported: " + "; ".join(f"{family}: {need}" for family, need in REQUIREMENTS.items()) + "."
-
-
-def find_vq(gpt_path: pathlib.Path) -> pathlib.Path | None:
-    """A LlamaGen VQ tokenizer next to a GPT file, if exactly one is there."""
-    hits = [p for p in sorted(gpt_path.parent.iterdir())
-            if p != gpt_path and p.suffix in (".pt", ".pth", ".safetensors") and (d := _try(p))
-            and d.family == "llamagen-vq"]
-    return hits[0] if len(hits) == 1 else None
+    return "Supported: " + "; ".join(f"{family.name}: {family.needs}" for family in FAMILIES) + "."
 
 
 def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", dtype=torch.float32,
                width=None, height=None):
     """Detect the family of ``path`` and load it as a :class:`~.base.LoadedModel`."""
     hit = detect(path)
-    if hit.family in ("lumina", "anole"):
-        from . import chameleon
-
-        return chameleon.load(hit.path, vq, device, dtype, width or resolution, height or resolution)
-    if width or height:  # the other families make square images
+    family = BY_NAME[hit.family]
+    if family.square and (width or height):
         if width and height and width != height:
             raise ValueError(f"width and height must be equal for {hit.family} models (got {width}x{height})")
         resolution = width or height
-    if hit.family == "emu3":
-        from . import emu3
-
-        return emu3.load(hit.path, device, dtype, resolution)
-    if hit.family == "llamagen":
-        from . import llamagen
-
-        vq = vq or find_vq(hit.path)
-        return llamagen.load(hit.path, vq, text_encoder, resolution, device, dtype)
-    if hit.family == "embedded":
-        from . import embedded
-
-        return embedded.load(hit.path, device, dtype)
-    from . import janus
-
-    return janus.load(hit.path, device, dtype)
+    return family.load(hit, LoadOptions(vq, text_encoder, resolution, width, height, device, dtype))

@@ -11,7 +11,11 @@ import pathlib
 
 import torch
 
-from .checkpoints import CheckpointError, load_file, load_weights, read_json
+from ..decoders.vq16 import VQ16Decoder, VQSpec
+from ..embedded.recipe import Recipe
+from ..formats.checkpoints import CheckpointError, load_file, load_weights, read_json
+from .family import Detected, Family
+from .llamagen import GPTSpec, LlamaGenAdapter, LlamaGenGPT
 
 FOLDER = pathlib.Path(__file__).resolve().parent.parent / "embedded" / "weights"
 FORMAT = "spec_ar-embedded"
@@ -23,12 +27,22 @@ def is_embedded(path) -> bool:
     return config.is_file() and read_json(config).get("format") == FORMAT
 
 
+# The recipe's architectures are built here, beside the GPT and VQ specs they fill
+# in: embedded/recipe.py stays free of loaders/, which imports it.
+def vq_spec(r: Recipe) -> VQSpec:
+    return VQSpec(ch=r.vq_ch, ch_mult=r.vq_mult, enc_blocks=r.vq_enc_blocks, dec_blocks=r.vq_dec_blocks,
+                  z_channels=r.vq_z, codebook_size=r.codebook, embed_dim=r.code_dim)
+
+
+def gpt_spec(r: Recipe) -> GPTSpec:
+    ffn = -(-int(2 * 4 * r.dim / 3) // 256) * 256
+    return GPTSpec(dim=r.dim, n_layer=r.layers, n_head=max(1, r.dim // 64), ffn_hidden=ffn, vocab_size=r.codebook,
+                   kind="t2i", caption_dim=r.text_dim, cond_tokens=r.words)
+
+
 def load(folder=FOLDER, device="cpu", dtype=torch.float32):
-    from ..decoders.vq16 import VQ16Decoder
     from ..embedded.text import TextEncoder
-    from ..embedded.train import Recipe, gpt_spec, vq_spec
     from .base import LoadedModel
-    from .llamagen import LlamaGenAdapter, LlamaGenGPT
 
     folder = pathlib.Path(folder)
     if not is_embedded(folder):
@@ -56,3 +70,9 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
                              "vocabulary": config["vocabulary"]},
                        decode_bytes_per_image=vq.bytes_per_image((recipe.grid, recipe.grid)),
                        modules={"gpt": gpt, "text": text, "vq": vq.model})
+
+
+FAMILY = Family(
+    "embedded", detect=lambda path: Detected("embedded", path) if path.is_dir() and is_embedded(path) else None,
+    needs="the word 'embedded' or the embedded model's folder (config.json with format 'spec_ar-embedded')",
+    load=lambda hit, o: load(hit.path, o.device, o.dtype))

@@ -9,7 +9,7 @@ and the structural tokens are looked up by name in the tokenizer and checked aga
 Reference generation (BAAI's ``image_generation.py`` and the transformers port):
 
 * condition ``<|extra_203|>{prompt}<|image start|>{H}*{W}<|image token|>`` (BOS written as text, sizes in
-  tokens), all of it prefilled;
+  tokens), all of it prefilled, tokenized as BAAI's own tokenizer does (:func:`baai_encode`);
 * stream: ``H`` rows of ``W`` visual tokens, each row ended by end-of-line ``<|extra_200|>``, then end-of-frame
   ``<|extra_201|>`` and ``<|image end|>`` (all three forced here; EOS after them is not part of the stream);
 * guidance 3.0 in log-softmax space (``UnbatchedClassifierFreeGuidanceLogitsProcessor``) against a *negative*
@@ -18,18 +18,29 @@ Reference generation (BAAI's ``image_generation.py`` and the transformers port):
 Without a negative prompt the uncond branch uses the reference's :data:`DEFAULT_NEGATIVE`.  The reference also
 appends :data:`POSITIVE_SUFFIX` to every prompt; that is left to the user (prompts are used as given).
 
+Tokenization: BAAI's tokenizer (baaivision/Emu3 @f6ea9aaa, ``emu3/mllm/tokenization_emu3.py``) is tiktoken
+with Qwen's split pattern, which cuts numbers into single digits (``\\p{N}``), after NFC normalisation;
+the tokenizer that transformers' ``convert_emu3_weights_to_hf.py`` writes keeps the same vocabulary and merges
+but splits with GPT-2's byte-level pattern, which keeps digit runs whole (``90``) and cuts punctuation off
+the letters after it.  The model was trained on BAAI's split, so :func:`baai_encode` splits with BAAI's
+pattern and BPE-merges each piece on its own with the converted vocabulary: the size header at 720 px is
+``9 0 * 9 0``, as in the reference.
+
 ``generate`` cannot roll back rejected drafts per sample, so the adapter runs its own loop on a
 :class:`~.hf_cache.RaggedCache`, like :mod:`.janus`.
 """
 from __future__ import annotations
 
 import pathlib
+import unicodedata
 
+import regex  # installed with transformers
 import torch
 
+from ..formats.checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
+from .family import Detected, Family, transformers_config
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
@@ -40,6 +51,10 @@ POSITIVE_SUFFIX = " masterpiece, film grained, best quality."
 TOKENS = {"boi": ("boi_token", "<|image start|>"), "eoi": ("eoi_token", "<|image end|>"),
           "wrapper": ("image_wrapper_token", "<|image token|>"), "eof": ("eof_token", "<|extra_201|>"),
           "eol": (None, "<|extra_200|>")}  # transformers hard-codes the end-of-line name too
+#: BAAI's split pattern (``PAT_STR`` of ``emu3/mllm/tokenization_emu3.py`` @f6ea9aaa): digits one by one
+BAAI_SPLIT = regex.compile(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                           r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+SPECIAL_FORM = regex.compile(r"(<\|[^<>|]*\|>)")  # the surface form of every BAAI special token
 DEFAULT_RESOLUTION = 720  # the reference's image_area 518400 = 720 x 720
 PRESETS = (256, 384, 512, 640, 720)
 PROMPT_ROOM = 256  # positions kept for the prompt when sizing the largest image
@@ -56,7 +71,7 @@ def load_model(folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
         raise CheckpointError(f"{folder}: config.json model_type {model_type!r} is not 'emu3' (a converted "
                               "Emu3 folder such as Emu3-community/Emu3-Gen-hf is needed)")
     tokenizer = tokenizer_from_pretrained(folder)
-    model = from_pretrained(Emu3ForConditionalGeneration, folder, "an Emu3 model", dtype=dtype)
+    model = from_pretrained(Emu3ForConditionalGeneration, folder, "an Emu3 model", dtype)
     return model.to(device=device, dtype=dtype).eval(), tokenizer  # dtype again: older versions ignore it
 
 
@@ -69,15 +84,60 @@ def _pixel_affine(folder: pathlib.Path) -> tuple[torch.Tensor, torch.Tensor]:
                  for key in ("image_mean", "image_std"))
 
 
+def _byte_level_bpe(tokenizer, piece: str) -> list[int]:
+    """``piece`` merged as one word by the tokenizer's byte-level BPE (no further split)."""
+    from tokenizers import pre_tokenizers
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or type(backend.model).__name__ != "BPE":  # a slow tokenizer: its own split within the piece
+        return tokenizer(piece, add_special_tokens=False).input_ids
+    symbols = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(piece)
+    return [t.id for word, _ in symbols for t in backend.model.tokenize(word)]
+
+
+def baai_encode(tokenizer, text: str, specials: dict[str, int]) -> list[int]:
+    """``text`` as BAAI's tokenizer encodes it, with a converted tokenizer's ids: NFC, special tokens
+    (``specials``: surface form -> id) kept whole wherever they appear, the rest split by
+    :data:`BAAI_SPLIT` and each piece BPE-merged on its own."""
+    ids = []
+    for i, part in enumerate(SPECIAL_FORM.split(unicodedata.normalize("NFC", text))):
+        if i % 2 and part in specials:
+            ids.append(specials[part])
+            continue
+        for piece in BAAI_SPLIT.findall(part):
+            ids += _byte_level_bpe(tokenizer, piece)
+    return ids
+
+
+def token_name(tokenizer, key: str) -> str:
+    """The name of structural token ``key`` (:data:`TOKENS`): the tokenizer's own, else the literal."""
+    attr, literal = TOKENS[key]
+    name = getattr(tokenizer, attr, None) if attr else None
+    return name if isinstance(name, str) else literal
+
+
+def special_ids(tokenizer) -> dict[str, int]:
+    """The tokenizer's added tokens of BAAI's special form ``<|...|>``: surface form -> id."""
+    return {name: tid for name, tid in tokenizer.get_added_vocab().items() if SPECIAL_FORM.fullmatch(name)}
+
+
+def condition_ids(tokenizer, prompt: str, rows: int, cols: int, specials: dict[str, int] | None = None) -> list[int]:
+    """The reference condition ``<|extra_203|>{prompt}<|image start|>{rows}*{cols}<|image token|>`` as BAAI's
+    tokenizer encodes it: special tokens are split off first, so each text part is encoded alone."""
+    specials = special_ids(tokenizer) if specials is None else specials
+    boi, wrapper = (tokenizer.convert_tokens_to_ids(token_name(tokenizer, k)) for k in ("boi", "wrapper"))
+    return ([tokenizer.bos_token_id] + baai_encode(tokenizer, prompt, specials) + [boi]
+            + baai_encode(tokenizer, f"{rows}*{cols}", specials) + [wrapper])
+
+
 class Emu3Vocabulary:
     """Structural token ids and the visual token id <-> VQ code map, read and cross-checked at load time."""
 
     def __init__(self, model, tokenizer):
         vmap = model.config.vocabulary_map or {}
         self.ids = {}
-        for key, (attr, literal) in TOKENS.items():
-            name = getattr(tokenizer, attr, None) if attr else None
-            name = name if isinstance(name, str) else literal
+        for key in TOKENS:
+            name = token_name(tokenizer, key)
             tid = tokenizer.convert_tokens_to_ids(name)
             if tid is None or tid == tokenizer.unk_token_id or vmap.get(name, tid) != tid:
                 raise CheckpointError(f"Emu3 tokenizer and config.vocabulary_map disagree on {name!r} "
@@ -88,7 +148,7 @@ class Emu3Vocabulary:
             raise CheckpointError("Emu3 tokenizer has no BOS token (<|extra_203|> in the released folders)")
         pad = tokenizer.pad_token_id
         self.pad = pad if pad is not None else model.config.text_config.pad_token_id  # any id: padding is masked
-        self.names = {k: tokenizer.convert_ids_to_tokens(v) for k, v in self.ids.items()}
+        self.specials = special_ids(tokenizer)
         img2bpe = model.vocabulary_mapping.img2bpe  # code -> token id, parsed from the token names
         codes = model.config.vq_config.codebook_size
         if sorted(img2bpe) != list(range(codes)):
@@ -131,10 +191,8 @@ class Emu3Adapter(RaggedCacheAdapter):
             raise ValueError(f"negative prompt must be text for Emu3 (got {shorten(bad[0])})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """The reference condition: BOS, the prompt, ``<|image start|>{H}*{W}<|image token|>``."""
-        n = self.vocab.names
-        text = f"{self.tokenizer.bos_token}{prompt}{n['boi']}{self.rows}*{self.cols}{n['wrapper']}"
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+        """The reference condition (:func:`condition_ids`)."""
+        return condition_ids(self.tokenizer, prompt, self.rows, self.cols, self.vocab.specials)
 
     @torch.no_grad()
     def prefill(self, conditions, negatives, guided):
@@ -211,3 +269,15 @@ def load(folder, device="cpu", dtype=torch.float32, resolution: int | None = Non
     if resolution is None:
         resolution = DEFAULT_RESOLUTION if DEFAULT_RESOLUTION in allowed else allowed[-1]
     return build(resolution)
+
+
+def _detect(path: pathlib.Path) -> Detected | None:
+    model_type = (transformers_config(path) or {}).get("model_type")
+    return Detected("emu3", path, model_type) if model_type == "emu3" else None
+
+
+FAMILY = Family(
+    "emu3", detect=_detect,
+    needs="an Emu3 folder in transformers' format (Emu3-Gen-hf): config.json with model_type 'emu3', weights "
+          "(the VQ-VAE included) and tokenizer files",
+    load=lambda hit, o: load(hit.path, o.device, o.dtype, o.resolution))

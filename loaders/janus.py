@@ -3,10 +3,13 @@
 Image tokens come from a separate 16384-way generation head on the language
 model's last hidden state; the next input is the generation aligner applied to
 the generation embedding of the token (``prepare_embeddings_for_image_generation``),
-not a text embedding.  The prompt is the reference template
-``<|User|>: {prompt}\\n\\n<|Assistant|>:`` followed by ``<begin_of_image>``; the
-unconditional branch keeps BOS and ``<begin_of_image>`` and pads everything
-between, and guidance mixes raw logits (scale 5, no top-k in the reference).
+not a text embedding.  The prompt is the reference's (deepseek-ai/Janus @1daa72fa,
+``generation_inference.py`` with ``VLChatProcessor.apply_sft_template_for_multi_turn_prompts``
+and the ``deepseek`` conversation template): BOS, ``<|User|>: {prompt}\\n\\n<|Assistant|>:``
+with the user's text stripped of surrounding whitespace (an empty text gives
+``<|User|>:<|Assistant|>:``), then ``<begin_of_image>``; the unconditional branch keeps BOS
+and ``<begin_of_image>`` and pads (``<｜▁pad▁｜>``) everything between, and guidance mixes raw
+logits (scale 5, temperature 1, no top-k in the reference).
 
 ``generate(generation_mode="image")`` uses a static cache that cannot roll
 back, so the adapter runs its own loop on a :class:`~.hf_cache.RaggedCache`.
@@ -23,13 +26,15 @@ import re
 
 import torch
 
+from ..formats.checkpoints import (CheckpointError, from_pretrained, load_file, read_json, state_dict,
+                                   tokenizer_from_pretrained, weight_files)
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import (CheckpointError, from_pretrained, load_file, read_json, state_dict, tokenizer_from_pretrained,
-                          weight_files)
+from .family import Detected, Family, transformers_config
 from .hf_cache import RaggedCache, RaggedCacheAdapter
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
+EMPTY_TEMPLATE = "<|User|>:<|Assistant|>:"  # a turn without content is written "role:"
 BOI, PAD = "<begin_of_image>", "<｜▁pad▁｜>"
 
 
@@ -184,15 +189,21 @@ class JanusAdapter(RaggedCacheAdapter):
             raise ValueError(f"prompt must be text for Janus (got {shorten(bad[0])})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """The reference prompt: BOS, the chat template, ``<begin_of_image>``."""
-        ids = self.tokenizer(TEMPLATE.format(prompt=prompt), add_special_tokens=False).input_ids
-        return [self.bos] + ids + [self.boi]
+        """The reference prompt: BOS, the chat template around the stripped text (an empty text
+        leaves the user turn empty), ``<begin_of_image>``."""
+        text = prompt.strip()
+        turn = TEMPLATE.format(prompt=text) if text else EMPTY_TEMPLATE
+        return [self.bos] + self.tokenizer(turn, add_special_tokens=False).input_ids + [self.boi]
+
+    def unconditional_ids(self, prompt_ids: list[int]) -> list[int]:
+        """The reference's unconditional row: BOS and ``<begin_of_image>`` kept, every position between padded."""
+        return [prompt_ids[0]] + [self.pad] * (len(prompt_ids) - 2) + [prompt_ids[-1]]
 
     @torch.no_grad()
     def prefill(self, conditions, negatives, guided):
         rows = [self.prompt_ids(p) for p in conditions]
-        if guided:  # keep BOS and <begin_of_image>, pad the rest
-            rows += [[r[0]] + [self.pad] * (len(r) - 2) + [r[-1]] for r in rows]
+        if guided:
+            rows += [self.unconditional_ids(r) for r in rows]
         width = max(map(len, rows))
         ids = torch.tensor([[self.pad] * (width - len(r)) + r for r in rows], device=self.device)
         pad_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
@@ -234,3 +245,15 @@ def load(folder, device="cpu", dtype=torch.float32):
                        decode=adapter.decode, condition="text", resolutions=(side * down,),
                        info={"resolution": side * down, "grid": side}, modules={"janus": model},
                        decode_bytes_per_image=vq_decoder_bytes(model.config.vq_config, side * down, dtype))
+
+
+def _detect(path: pathlib.Path) -> Detected | None:
+    model_type = (transformers_config(path) or {}).get("model_type")
+    return Detected("janus", path, model_type) if model_type in ("janus", "multi_modality") else None
+
+
+FAMILY = Family(
+    "janus", detect=_detect,
+    needs="a Janus / Janus-Pro folder: config.json with model_type 'janus' (converted) or 'multi_modality' "
+          "(deepseek-ai original), weights and tokenizer files",
+    load=lambda hit, o: load(hit.path, o.device, o.dtype))

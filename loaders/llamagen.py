@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..formats.checkpoints import CheckpointError, load_file, load_weights, peek, state_dict
 from ..sampling.adapter import ImageAdapter, TokenLayout
 from ..sampling.config import shorten
-from .checkpoints import CheckpointError, load_file, load_weights, state_dict
+from .family import Detected, Family, NotAModel
 
 #: heads by model width for the released presets (all 64-dim heads but 3B's 100)
 HEADS = {768: 12, 1024: 16, 1280: 20, 1536: 24, 2048: 32, 2560: 40, 3200: 32, 4096: 32}
@@ -449,3 +450,60 @@ def resolution_hint(path) -> int | None:
     """The image size a released file's name carries (``c2i_L_256.pt``, ``t2i_XL_stage2_512.pt``)."""
     m = re.search(r"(?:^|[_-])(256|384|512)(?=[_.-]|$)", pathlib.Path(path).stem)
     return int(m.group(1)) if m else None
+
+
+# -- detection --------------------------------------------------------------------------
+def classify_file(path: pathlib.Path) -> Detected | None:
+    """A LlamaGen GPT or VQ tokenizer file, told apart by its tensor names."""
+    keys = peek(path)
+    if "tok_embeddings.weight" in keys and any(k.endswith("attention.wqkv.weight") for k in keys):
+        kind = "t2i" if "cls_embedding.uncond_embedding" in keys else "c2i"
+        return Detected("llamagen", path, kind)
+    if "quantize.embedding.weight" in keys and any(k.startswith("decoder.conv_blocks.") for k in keys):
+        return Detected("llamagen-vq", path)
+    return None
+
+
+def _try(p: pathlib.Path) -> Detected | None:
+    try:
+        return classify_file(p)
+    except (CheckpointError, RuntimeError, OSError):
+        return None
+
+
+FOLDER_SUFFIXES = (".pt", ".pth", ".safetensors", ".bin")
+
+
+def gpts_in(folder: pathlib.Path) -> list[Detected]:
+    """The LlamaGen GPT files directly in ``folder``."""
+    files = sorted(p for p in folder.iterdir() if p.suffix in FOLDER_SUFFIXES)
+    return [d for p in files if (d := _try(p)) and d.family == "llamagen"]
+
+
+def find_vq(gpt_path: pathlib.Path) -> pathlib.Path | None:
+    """A LlamaGen VQ tokenizer next to a GPT file, if exactly one is there."""
+    hits = [p for p in sorted(gpt_path.parent.iterdir())
+            if p != gpt_path and p.suffix in (".pt", ".pth", ".safetensors") and (d := _try(p))
+            and d.family == "llamagen-vq"]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _detect(path: pathlib.Path) -> Detected | None:
+    """A GPT file, or a folder without ``config.json`` holding exactly one."""
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return None
+        gpts = gpts_in(path)
+        return gpts[0] if len(gpts) == 1 else None
+    hit = classify_file(path)
+    if hit is not None and hit.family == "llamagen-vq":
+        raise NotAModel(f"{path}: this is a LlamaGen VQ tokenizer, not a model; give it as the VQ decoder and "
+                        "point the model at the GPT file")
+    return hit
+
+
+FAMILY = Family(
+    "llamagen", detect=_detect,
+    needs="a LlamaGen GPT file (.pt/.pth/.safetensors holding tok_embeddings.weight and "
+          "layers.N.attention.wqkv.weight), with its VQ tokenizer file (vq_ds16_*.pt) beside or given",
+    load=lambda hit, o: load(hit.path, o.vq or find_vq(hit.path), o.text_encoder, o.resolution, o.device, o.dtype))

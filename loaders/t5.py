@@ -3,16 +3,21 @@
 Loaded through transformers from a local folder (``T5EncoderModel`` and its
 tokenizer).  Prompts are tokenized to 120 tokens (padding to the maximum length,
 truncation, special tokens), encoded, and then *left*-padded as LlamaGen's
-sampler does: the valid rows move to the end and padded rows are zeroed.  The
-reference also runs a caption cleaner (URLs, HTML, special characters) from
-PixArt; here prompts are only lower-cased and stripped, which is what that
-cleaner does to plain prompts.
+sampler does: the valid rows move to the end and padded rows are zeroed
+(FoundationVision/LlamaGen @ce98ec41, ``language/t5.py`` ``T5Embedder`` and
+``autoregressive/sample/sample_t2i.py``).  The reference also runs PixArt's
+caption cleaner twice (URLs, HTML, ``#``, brackets and other special characters,
+dashes, quotes, numbers of 6+ digits ...); here prompts are only lower-cased and
+stripped, which is what that cleaner does to plain prompts: a departure for
+prompts with such characters.
 """
 from __future__ import annotations
 
 import pathlib
 
 import torch
+
+from ..embedded.text import left_pad  # one definition, below loaders/, for both text encoders
 
 
 class T5TextEncoder:
@@ -23,7 +28,7 @@ class T5TextEncoder:
                                     "of google/flan-t5-xl")
         from transformers import T5EncoderModel
 
-        from .checkpoints import from_pretrained, tokenizer_from_pretrained
+        from ..formats.checkpoints import from_pretrained, tokenizer_from_pretrained
 
         self.tokenizer = tokenizer_from_pretrained(folder)
         model = from_pretrained(T5EncoderModel, folder, "a T5 text encoder")
@@ -35,22 +40,16 @@ class T5TextEncoder:
     def dim(self) -> int:
         return self.model.config.d_model
 
-    @torch.no_grad()
-    def encode(self, prompts: list[str], max_length: int = 120) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(features [B, max_length, d_model], mask [B, max_length])``, left-padded."""
+    def tokenize(self, prompts: list[str], max_length: int = 120) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids [B, max_length], mask [B, max_length])``, right-padded, as the reference tokenizes."""
         text = [p.lower().strip() for p in prompts]
         tok = self.tokenizer(text, max_length=max_length, padding="max_length", truncation=True,
                              add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
-        ids, mask = tok.input_ids.to(self.device), tok.attention_mask.to(self.device)
+        return tok.input_ids.to(self.device), tok.attention_mask.to(self.device)
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str], max_length: int = 120) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features [B, max_length, d_model], mask [B, max_length])``, left-padded."""
+        ids, mask = self.tokenize(prompts, max_length)
         feats = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
         return left_pad(feats, mask)
-
-
-def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move each row's valid (right-padded) tokens to the end; zero the padding."""
-    n = feats.shape[1]
-    valid = mask.sum(1, keepdim=True)
-    idx = (torch.arange(n, device=feats.device).unsqueeze(0) + valid) % n  # rotate left by `valid`
-    out = feats.gather(1, idx.unsqueeze(-1).expand_as(feats))
-    new_mask = mask.flip(-1)
-    return out * new_mask.unsqueeze(-1).to(out.dtype), new_mask

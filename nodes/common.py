@@ -15,10 +15,10 @@ EMBEDDED = "embedded (ships with the pack)"
 BUILT_IN = "built-in (from the model)"
 NO_FILE = "(none: use the text box)"
 MODEL_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt", ".bin")
-#: sampler widgets -> DecodeConfig fields (the sampler's own names are the papers' symbols)
-WIDGETS = {"window": "window", "draft_init": "init", "G": "group_size", "gsd_delta": "gsd_delta",
-           "k": "lantern_k", "lantern_delta": "lantern_delta", "skip_interval": "skip_interval",
-           "skip_threshold": "skip_threshold"}
+#: a combo's entry for an optional knob left to the mode (the schedule)
+AUTO = "auto (the mode's)"
+#: the sampler's switch between the family's reference sampling settings and its own widgets
+FAMILY_DEFAULTS = "family_defaults"
 
 
 #: the listing's bounds: a model folder is small and shallow; a huge or looping
@@ -94,21 +94,55 @@ def check_choices(**given: tuple) -> bool | str:
     return True
 
 
-def decode_config(mode: str, family_defaults: bool, cfg: float, top_k: int, top_p: float, temperature: float,
-                  vvs_schedule: str = "uniform", **widgets):
-    """A validated :class:`DecodeConfig` from the sampler's widget values; raises
-    ``ConfigError`` naming the first bad one."""
-    from ..sampling import ConfigError, DecodeConfig
+def sampler_widgets() -> list[dict]:
+    """The sampler node's decoding widgets, read from the knob table in its order:
+    ``label`` (the widget), ``field`` (the :class:`DecodeConfig` field), ``widget``
+    (``slider``, ``number`` or ``combo``), ``default``, ``options`` or ``kind``/
+    ``min``/``max``/``step``, ``tooltip`` and ``uses`` (which modes read it)."""
+    from ..sampling.config import KNOBS, SAMPLING_FALLBACK, DecodeConfig
 
-    unknown = sorted(set(widgets) - set(WIDGETS))
+    defaults = DecodeConfig()
+    out = []
+    for k in KNOBS.values():
+        if k.widget is None:
+            continue
+        default = SAMPLING_FALLBACK.get(k.name, getattr(defaults, k.name))
+        tip = f"{k.help}. Symbol {k.symbol}; {k.range_text()}."
+        if k.name in SAMPLING_FALLBACK:
+            tip += f" Used when {FAMILY_DEFAULTS} is off."
+        w = {"label": k.label, "field": k.name, "widget": k.widget, "uses": list(k.uses), "tooltip": tip}
+        if k.widget == "combo":
+            w.update(options=[AUTO if c is None else c for c in k.choices],
+                     default=AUTO if default is None else default)
+        else:  # an optional integer (top-k) shows "off" as 0
+            off = k.optional and k.kind == "int"
+            w.update(kind=k.kind, min=0 if off else k.lo, max=k.hi, step=k.step or 1,
+                     default=0 if default is None and off else default)
+            if off:
+                w.update(off=0, tooltip=w["tooltip"] + " 0 = off.")
+        out.append(w)
+    return out
+
+
+def decode_config(mode: str, family_defaults: bool = True, **widgets):
+    """A validated :class:`DecodeConfig` from the sampler's widget values (by label);
+    raises ``ConfigError`` naming the first bad one by its label."""
+    from ..sampling import ConfigError, DecodeConfig
+    from ..sampling.config import SAMPLING_FALLBACK
+
+    by_label = {w["label"]: w for w in sampler_widgets()}
+    unknown = sorted(set(widgets) - set(by_label))
     if unknown:
         raise ConfigError(f"unknown sampler input(s) {unknown}")
-    settings = {WIDGETS[k]: v for k, v in widgets.items()}
-    if mode == "vvs" and vvs_schedule != "uniform":
-        settings["schedule"] = vvs_schedule
-    if not family_defaults:
-        settings.update(cfg_scale=cfg, top_k=top_k or None, top_p=top_p, temperature=temperature)
-    return DecodeConfig(mode=mode, **settings).validate()
+    settings = {}
+    for label, value in widgets.items():
+        w = by_label[label]
+        if w["field"] in SAMPLING_FALLBACK and family_defaults:
+            continue  # the family's reference value
+        if value == AUTO or ("off" in w and value == w["off"]):
+            value = None
+        settings[w["field"]] = value
+    return DecodeConfig(mode=mode, **settings).validate(surface="node")
 
 
 def accept_map_images(reports, layout, scale: int = 8):
@@ -129,6 +163,17 @@ def report_row(report, label: str = "", prompt: str = "") -> dict:
             "tokens": report.tokens, "nfe": report.nfe, "tokens_per_forward": report.tokens_per_forward,
             "mean_accepted_length": report.mean_accepted_length, "latency_s": report.latency_s,
             "batch_size": report.batch_size, "skipped": report.skipped_verifications}
+
+
+#: the sampler's ui key: its reports in ``/history`` (outputs, under the node's id), for ``spec-ar queue``
+REPORTS_UI = "spec_ar_reports"
+
+
+def report_ui(reports) -> dict:
+    """The sampler's ui data: every image's report as a plain dict, less the per-token
+    origins (the accept map shows them).  ComfyUI concatenates the lists of a prompt
+    list's runs and keeps them in ``/history``, so clients read data, not the report text."""
+    return {REPORTS_UI: [{k: v for k, v in r.to_dict().items() if k != "origins"} for r in reports]}
 
 
 def table(rows: list[dict]) -> str:

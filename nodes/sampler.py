@@ -11,10 +11,7 @@ from .models import ARModel, VQDecoder
 
 Tokens = io.Custom("SPEC_AR_TOKENS")
 Report = io.Custom("SPEC_AR_REPORT")
-MODES = ["ar", "sjd", "gsd", "lantern", "vvs"]
-INITS = ["random", "repeat-left", "repeat-above", "sample-left", "sample-above"]
 RESOLUTIONS = ["model default", "256", "384", "512", "768", "1024"]
-SCHEDULES = ["uniform", "similarity"]
 
 
 @dataclass
@@ -25,9 +22,28 @@ class TokenGrid:
     model_name: str
 
 
-def _slider(cls, id, default, lo, hi, step, tooltip):
-    return cls.Input(id, default=default, min=lo, max=hi, step=step, tooltip=tooltip,
-                     display_mode=io.NumberDisplay.slider)
+def _widget(w: dict):
+    """A ComfyUI input for one entry of :func:`common.sampler_widgets` (the knob table)."""
+    if w["widget"] == "combo":
+        return io.Combo.Input(w["label"], options=w["options"], default=w["default"], tooltip=w["tooltip"])
+    cls = io.Int if w["kind"] == "int" else io.Float
+    extra = {"display_mode": io.NumberDisplay.slider} if w["widget"] == "slider" else {}
+    return cls.Input(w["label"], default=w["default"], min=w["min"], max=w["max"], step=w["step"],
+                     tooltip=w["tooltip"], **extra)
+
+
+def _decoding_inputs() -> list:
+    """The knob table's widgets, with the family-defaults switch before the sampling ones."""
+    from ..sampling.config import SAMPLING_FIELDS
+
+    out = []
+    for w in common.sampler_widgets():
+        if w["field"] == SAMPLING_FIELDS[0]:
+            out.append(io.Boolean.Input(common.FAMILY_DEFAULTS, default=True,
+                                        tooltip="Use the model family's reference CFG, top-k, top-p and temperature; "
+                                                "turn off to use the four values below."))
+        out.append(_widget(w))
+    return out
 
 
 def code_grid_image(tokens):
@@ -39,19 +55,11 @@ def code_grid_image(tokens):
     return rgb.repeat_interleave(4, 1).repeat_interleave(4, 2)
 
 
-def _label(config) -> str:
-    if config.mode == "gsd":
-        return f"gsd G={config.group_size}"
-    if config.mode == "lantern":
-        return f"lantern k={config.lantern_k} d={config.lantern_delta}"
-    if config.mode == "vvs":
-        return f"vvs i={config.skip_interval}"
-    return config.mode
-
-
 class SpeculativeARSampler(io.ComfyNode):
     @classmethod
     def define_schema(cls):
+        from ..sampling.config import MODE_HELP, MODES
+
         return io.Schema(
             node_id="SpecAR_Sampler", display_name="Speculative AR Sampler", category="SpeculativeAR",
             description="Generates images with an autoregressive model, several image tokens per forward pass: "
@@ -63,37 +71,9 @@ class SpeculativeARSampler(io.ComfyNode):
                                 "id (an integer) here. Connect a Prompt List to render many prompts."),
                 io.String.Input("negative_prompt", multiline=True, default="", optional=True,
                                 tooltip="Only for families with negative-prompt guidance; leave empty otherwise."),
-                io.Combo.Input("mode", options=MODES, default="sjd",
-                               tooltip="ar: one token per forward (reference). sjd: Speculative Jacobi Decoding, "
-                                       "same distribution as ar. gsd: grouped acceptance (faster, lossy). "
-                                       "lantern: latent-neighbourhood acceptance. vvs: lantern plus skipped "
-                                       "verifications."),
-                _slider(io.Int, "window", 16, 1, 64, 1, "Draft tokens scored per forward pass (SJD paper: 16)."),
-                io.Combo.Input("draft_init", options=INITS, default="random",
-                               tooltip="How new draft positions start: random tokens, a copy of the token to the "
-                                       "left / above, or a sample from that token's distribution."),
-                _slider(io.Int, "G", 10, 1, 200, 1, "GSD group size: how many likely tokens around a draft count "
-                                                    "as interchangeable (paper: 10 for quality, 50 for speed)."),
-                _slider(io.Float, "gsd_delta", 0.15, 0.0, 1.0, 0.01,
-                        "GSD: group members whose probability differs from the draft's by more than this are "
-                        "dropped."),
-                _slider(io.Int, "k", 300, 1, 2000, 1, "LANTERN/VVS neighbourhood size in the codebook's latent "
-                                                     "space (paper: 1000)."),
-                _slider(io.Float, "lantern_delta", 0.1, 0.0, 1.0, 0.01,
-                        "LANTERN/VVS total-variation budget: 0 is exact, larger accepts more."),
-                _slider(io.Int, "skip_interval", 2, 2, 8, 1, "VVS: every i-th step commits without verifying."),
-                io.Combo.Input("vvs_schedule", options=SCHEDULES, default="uniform",
-                               tooltip="VVS: skip every i-th verification (uniform), or when the drafts' paths "
-                                       "agree by at least the threshold (similarity)."),
-                _slider(io.Float, "skip_threshold", 0.7, -1.0, 1.0, 0.01,
-                        "VVS similarity schedule: skip a verification when the drafts agree this much."),
-                io.Boolean.Input("family_defaults", default=True,
-                                 tooltip="Use the model family's reference CFG, top-k, top-p and temperature; "
-                                         "turn off to use the four values below."),
-                _slider(io.Float, "cfg", 3.0, 0.0, 20.0, 0.1, "Classifier-free guidance scale (1 = none)."),
-                io.Int.Input("top_k", default=0, min=0, max=1 << 20, tooltip="Keep the k most likely tokens; 0 = off."),
-                _slider(io.Float, "top_p", 1.0, 0.01, 1.0, 0.01, "Nucleus sampling; 1 = off."),
-                _slider(io.Float, "temperature", 1.0, 0.0, 3.0, 0.01, "0 = greedy."),
+                io.Combo.Input("mode", options=list(MODES), default="sjd",
+                               tooltip=" ".join(f"{m}: {h}." for m, h in MODE_HELP.items())),
+                *_decoding_inputs(),
                 io.Int.Input("seed", default=0, min=0, max=2**63 - 1, control_after_generate=True,
                              tooltip="Image i of a batch uses seed + i, so it matches a batch-of-one render."),
                 io.Int.Input("batch_size", default=1, min=1, max=64, tooltip="Images per prompt."),
@@ -106,8 +86,8 @@ class SpeculativeARSampler(io.ComfyNode):
             outputs=[
                 io.Image.Output(display_name="images"),
                 io.String.Output(display_name="report", tooltip="Forward passes, tokens per forward, latency."),
-                io.Int.Output(display_name="steps", tooltip="Forward passes (NFE) for the first image."),
-                io.Float.Output(display_name="latency", tooltip="Seconds for the batch, device-synchronised."),
+                io.Int.Output(display_name="nfe", tooltip="Forward passes (NFE) for the first image."),
+                io.Float.Output(display_name="latency_s", tooltip="Seconds for the batch, device-synchronised."),
                 io.Float.Output(display_name="tokens_per_forward"),
                 io.Image.Output(display_name="accept_map", tooltip="How each token was obtained: blue sampled, "
                                 "green accepted draft, red resampled, amber committed by a VVS skip, grey forced."),
@@ -117,14 +97,16 @@ class SpeculativeARSampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, mode=None, draft_init=None, vvs_schedule=None, resolution=None):
-        return common.check_choices(mode=(mode, MODES), draft_init=(draft_init, INITS),
-                                    vvs_schedule=(vvs_schedule, SCHEDULES), resolution=(resolution, RESOLUTIONS))
+    def validate_inputs(cls, mode=None, resolution=None, **widgets):
+        from ..sampling.config import MODES
+
+        combos = {w["label"]: (widgets.get(w["label"]), w["options"]) for w in common.sampler_widgets()
+                  if w["widget"] == "combo"}
+        return common.check_choices(mode=(mode, list(MODES)), resolution=(resolution, RESOLUTIONS), **combos)
 
     @classmethod
-    def execute(cls, model, prompt, mode, window, draft_init, G, gsd_delta, k, lantern_delta, skip_interval,
-                vvs_schedule, skip_threshold, family_defaults, cfg, top_k, top_p, temperature, seed, batch_size,
-                resolution, negative_prompt="", vq=None):
+    def execute(cls, model, prompt, mode, seed, batch_size, resolution, negative_prompt="", vq=None,
+                family_defaults=True, **widgets):
         import comfy.model_management as mm
         import comfy.utils
 
@@ -133,10 +115,7 @@ class SpeculativeARSampler(io.ComfyNode):
         from ..sampling.memory import check_fits
 
         # every check before any model work
-        config = common.decode_config(mode, family_defaults, cfg, top_k, top_p, temperature, vvs_schedule,
-                                      window=window, draft_init=draft_init, G=G, gsd_delta=gsd_delta, k=k,
-                                      lantern_delta=lantern_delta, skip_interval=skip_interval,
-                                      skip_threshold=skip_threshold)
+        config = common.decode_config(mode, family_defaults, **widgets)
         loaded = model.loaded
         if resolution != "model default" and int(resolution) != loaded.resolution:
             if loaded.resize is None:
@@ -154,7 +133,7 @@ class SpeculativeARSampler(io.ComfyNode):
         conditions = [condition] * batch_size
         loaded.adapter.check_conditions(conditions, negatives)
         decode = vq.decode if vq is not None else loaded.decode
-        decoder = SpeculativeDecoder(loaded.adapter, config)  # checks k against the codebook, before any loading
+        decoder = SpeculativeDecoder(loaded.adapter, config, surface="node")  # k against the codebook, named "k"
         layout = loaded.adapter.layout
         decode_bytes = (vq.bytes_per_image(layout.grid) if vq is not None and vq.bytes_per_image
                         else loaded.decode_bytes_per_image if vq is None else 0)
@@ -181,7 +160,7 @@ class SpeculativeARSampler(io.ComfyNode):
                   if decode is not None else code_grid_image(tokens))
         reports = result.reports
         first = reports[0]
-        label = _label(config)
+        label = config.label()
         rows = [common.report_row(r, label, str(condition)) for r in reports]
         text = "\n".join(r.summary() for r in reports[:1])
         text += (f"\npreviews: {throttle.count} in {throttle.spent * 1000:.0f} ms "
@@ -190,7 +169,8 @@ class SpeculativeARSampler(io.ComfyNode):
             text += "\n(no VQ decoder: the image shows the token grid; connect a decoder or VQ Decode)"
         text += "".join(f"\nwarning: {w}" for w in loaded.warnings)
         return io.NodeOutput(images, text, first.nfe, first.latency_s, first.tokens_per_forward,
-                             common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), loaded.name))
+                             common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), loaded.name),
+                             ui=common.report_ui(reports))
 
 
 class VQDecode(io.ComfyNode):

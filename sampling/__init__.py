@@ -6,7 +6,8 @@
 """
 from .adapter import ImageAdapter, TokenLayout
 from .config import DRAFT_INITS, MODES, ConfigError, DecodeConfig
-from .engine import DecodeResult, NonFiniteError, SpeculativeDecoder, StepEvent
+from .checks import NonFiniteError
+from .engine import DecodeResult, SpeculativeDecoder, StepEvent
 from .report import ORIGINS, DecodeReport
 
 

@@ -1,4 +1,11 @@
-"""Decoding settings, their allowed ranges, and the named modes.
+"""Decoding settings: the one knob table, the named modes, and validation.
+
+Every :class:`DecodeConfig` field carries its :class:`Knob` (the papers' symbol,
+the label the ComfyUI sampler shows, range and step, help, and which parts of
+decoding use it).  Every surface reads that declaration and nothing else: the
+command line's options (``--group-size``), the sampler node's sliders and combos,
+the bench's sweep keys (``gsd:G=1,10``), report labels, and the error messages,
+which name a knob the way the user met it (:data:`SURFACES`).
 
 A mode is a preset combination of parts: an acceptance rule and a verification
 schedule on top of Jacobi self-drafting.  Any part can be swapped by name, so
@@ -11,7 +18,7 @@ a bad one raises :class:`ConfigError` naming it and what is allowed.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 #: mode -> (acceptance rule, verification schedule)
 MODES: dict[str, tuple[str, str]] = {
@@ -21,11 +28,21 @@ MODES: dict[str, tuple[str, str]] = {
     "lantern": ("latent", "every"),  # LANTERN latent-neighbourhood relaxation
     "vvs": ("latent", "uniform"),  # VVS verification skipping on LANTERN acceptance
 }
+MODE_HELP = {
+    "ar": "one token per forward (the reference)",
+    "sjd": "Speculative Jacobi Decoding: the same distribution as ar, several tokens per forward",
+    "gsd": "Grouped Speculative Decoding: a draft stands on the mass of the tokens ranked around it (lossy)",
+    "lantern": "LANTERN: a draft stands on the mass of its codebook neighbours (lossy)",
+    "vvs": "VVS: LANTERN acceptance, and some steps commit drafts without verifying them",
+}
 ACCEPTANCE_RULES = ("exact", "grouped", "latent")
 SCHEDULES = ("every", "uniform", "similarity")
 DRAFT_INITS = ("random", "repeat-left", "repeat-above", "sample-left", "sample-above")
-#: settings a family may default (``ImageAdapter.sampling_defaults``)
-SAMPLING_FIELDS = ("cfg_scale", "top_k", "top_p", "temperature")
+#: settings a family may default (``ImageAdapter.sampling_defaults``), and their values where it does not
+SAMPLING_FALLBACK = {"cfg_scale": 1.0, "top_k": None, "top_p": 1.0, "temperature": 1.0}
+SAMPLING_FIELDS = tuple(SAMPLING_FALLBACK)
+#: how each surface names a knob in messages: the field, the command-line option, the node's widget
+SURFACES = ("api", "cli", "node")
 
 
 class ConfigError(ValueError):
@@ -33,30 +50,125 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class Knob:
+    """One decoding setting, declared once.
+
+    ``uses`` says which configurations read it: ``"drafts"`` (every mode but
+    ``ar``), an acceptance rule (``"grouped"``, ``"latent"``), a schedule
+    (``"uniform"``, ``"similarity"``) or ``"always"``.  ``bound`` names a
+    model-dependent upper limit (``hi`` is then only a sanity cap).  ``widget``
+    is how the sampler node shows it (``None``: not on the node)."""
+
+    symbol: str  # the papers' symbol, ASCII: also a bench sweep key
+    label: str  # the sampler node's widget name
+    help: str
+    uses: tuple[str, ...]
+    lo: float | None = None
+    hi: float | None = None
+    step: float | None = None
+    choices: tuple | None = None
+    bound: str = ""
+    widget: str | None = "slider"  # "slider", "number", "combo" or None
+    optional: bool = False  # None is a value (off / the family's default)
+    aliases: tuple[str, ...] = ()  # more names bench sweeps accept
+    name: str = ""  # the field's name and value type ("int", "float", "str"), filled in from the field
+    kind: str = ""
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def shown_as(self, surface: str) -> str:
+        return {"api": self.name, "cli": self.option, "node": self.label}[surface]
+
+    def range_text(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices if c is not None)
+        hi = self.bound or (f"{self.hi:g}" if self.hi != math.inf else "")
+        return f"in [{self.lo:g}, {hi}]" if hi else f">= {self.lo:g}"
+
+    def used_by(self, config: "DecodeConfig") -> bool:
+        parts = {"always"}
+        if config.drafts:
+            parts |= {"drafts", config.rule, config.verify_schedule}
+        return bool(parts & set(self.uses))
+
+    def to_json(self) -> dict:
+        """What the web page needs (the node's knob visibility): JSON-safe."""
+        out = {"name": self.name, "label": self.label, "symbol": self.symbol, "uses": list(self.uses),
+               "help": self.help, "kind": self.kind, "widget": self.widget}
+        if self.choices is not None:
+            out["choices"] = list(self.choices)
+        else:
+            out.update(lo=self.lo, hi=None if self.hi == math.inf else self.hi, step=self.step)
+        return out
+
+
+def knob(default, **kw):
+    return field(default=default, metadata={"knob": Knob(**kw)})
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     mode: str = "sjd"
-    acceptance: str | None = None  # None: the mode's rule
-    schedule: str | None = None  # None: the mode's schedule
+    acceptance: str | None = knob(
+        None, symbol="rule", label="acceptance", uses=("drafts",), choices=(None,) + ACCEPTANCE_RULES,
+        widget=None, optional=True, help="acceptance rule instead of the mode's: exact, grouped (GSD) or latent "
+                                         "(LANTERN)")
+    schedule: str | None = knob(
+        None, symbol="schedule", label="schedule", uses=("drafts",), choices=(None,) + SCHEDULES, widget="combo",
+        optional=True, help="verification schedule instead of the mode's: every step, uniform skipping (every "
+                            "i-th step commits drafts unverified) or similarity skipping (when the drafts' paths "
+                            "agree); VVS's skipping on any mode")
     # Jacobi drafting
-    window: int = 16  # draft tokens scored per forward (SJD paper: 16)
-    init: str = "random"  # draft initialisation for new window positions
+    window: int = knob(16, symbol="L", label="window", uses=("drafts",), lo=1, hi=256, step=1,
+                       help="draft tokens scored per forward (SJD: 16, where its gains saturate)")
+    init: str = knob("random", symbol="init", label="draft_init", uses=("drafts",), choices=DRAFT_INITS,
+                     widget="combo", help="how new draft positions start: a random image token (SJD's default), "
+                                          "a copy of the token to the left / above, or a sample from its "
+                                          "distribution")
     # GSD
-    group_size: int = 10  # G: ranks around the draft in the target distribution
-    gsd_delta: float = 0.15  # drop cluster members with |p(c) - p(x)| > delta
-    gsd_distance: float | None = None  # d: drop members farther than d (squared L2)
+    group_size: int = knob(10, symbol="G", label="G", uses=("grouped",), lo=1, hi=1000, step=1,
+                           help="GSD group size: the tokens ranked around a draft that count with it (paper: 10 "
+                                "for quality, 50 for speed; 1 is SJD)")
+    gsd_delta: float = knob(0.15, symbol="delta", label="gsd_delta", uses=("grouped",), lo=0.0, hi=1.0, step=0.01,
+                            help="GSD: group members whose probability differs from the draft's by more than "
+                                 "this leave the group (paper: 0.15)")
+    gsd_distance: float | None = knob(None, symbol="d", label="gsd_distance", uses=("grouped",), lo=0.0,
+                                      hi=math.inf, widget=None, optional=True,
+                                      help="GSD: group members farther than this from the draft in the codebook "
+                                           "(squared L2) leave the group; none: no distance filter")
     # LANTERN
-    lantern_k: int = 300  # latent neighbourhood size
-    lantern_delta: float = 0.1  # total-variation budget
+    lantern_k: int = knob(300, symbol="k", label="k", uses=("latent",), lo=1, hi=1 << 20, step=1,
+                          bound="the model's codebook size - 1", widget="number",
+                          help="LANTERN/VVS neighbourhood: the k nearest codebook entries of a draft "
+                               "(paper: 1000 of 16384)")
+    lantern_delta: float = knob(0.1, symbol="delta", label="lantern_delta", uses=("latent",), lo=0.0, hi=1.0,
+                                step=0.01, help="LANTERN/VVS total-variation budget: 0 is exact, larger accepts "
+                                                "more (paper: 0.1 to 0.4)")
     # VVS
-    skip_interval: int = 2  # uniform: every i-th step skips verification
-    skip_threshold: float = 0.7  # similarity: skip when path similarity >= this
-    skip_alpha: float = 0.9  # similarity: depth decay of the weights
-    skip_paths: int = 4  # similarity: candidate paths compared
-    # sampling (None: the family's default, then the value below)
-    cfg_scale: float | None = None  # 1.0
-    top_k: int | None = None  # off
-    top_p: float | None = None  # 1.0 (off)
-    temperature: float | None = None  # 1.0; 0 = greedy
+    skip_interval: int = knob(2, symbol="i", label="skip_interval", uses=("uniform",), lo=2, hi=64, step=1,
+                              aliases=("interval",),
+                              help="uniform skipping: every i-th step commits drafts without verifying "
+                                   "(VVS: 2 to 4)")
+    skip_threshold: float = knob(0.7, symbol="tau", label="skip_threshold", uses=("similarity",), lo=-1.0, hi=1.0,
+                                 step=0.01, aliases=("threshold",),
+                                 help="similarity skipping: skip a verification when the drafts' paths agree at "
+                                      "least this much (VVS: 0.65 to 0.8)")
+    skip_alpha: float = knob(0.9, symbol="alpha", label="skip_alpha", uses=("similarity",), lo=1e-6, hi=1.0,
+                             widget=None, help="similarity skipping: depth decay of the path weights (VVS: 0.9)")
+    skip_paths: int = knob(4, symbol="P", label="skip_paths", uses=("similarity",), lo=2, hi=64, widget=None,
+                           help="similarity skipping: candidate paths compared")
+    # sampling (None: the family's default, then the value in the help)
+    cfg_scale: float | None = knob(None, symbol="cfg", label="cfg", uses=("always",), lo=0.0, hi=100.0, step=0.1,
+                                   optional=True, help="classifier-free guidance scale (1 = none)")
+    top_k: int | None = knob(None, symbol="top_k", label="top_k", uses=("always",), lo=1, hi=1 << 24, step=1,
+                             bound="the vocabulary size", widget="number", optional=True,
+                             help="keep the k most likely tokens (none: off)")
+    top_p: float | None = knob(None, symbol="top_p", label="top_p", uses=("always",), lo=1e-6, hi=1.0, step=0.01,
+                               optional=True, help="nucleus sampling (1 = off)")
+    temperature: float | None = knob(None, symbol="T", label="temperature", uses=("always",), lo=0.0, hi=100.0,
+                                     step=0.01, optional=True, help="0 = greedy")
 
     # -- resolution ---------------------------------------------------------
     @property
@@ -74,7 +186,7 @@ class DecodeConfig:
 
     def with_defaults(self, defaults: dict | None) -> "DecodeConfig":
         """Fill unset sampling settings from a family's defaults, then globally."""
-        base = {"cfg_scale": 1.0, "top_k": None, "top_p": 1.0, "temperature": 1.0}
+        base = dict(SAMPLING_FALLBACK)
         base.update({k: v for k, v in (defaults or {}).items() if k in base})
         return replace(self, **{k: base[k] for k in SAMPLING_FIELDS if getattr(self, k) is None})
 
@@ -89,66 +201,86 @@ class DecodeConfig:
             raise ConfigError(f"unknown decoding setting(s) {unknown}; known: {sorted(names)}")
         return cls(**values)
 
+    def label(self) -> str:
+        """``"gsd G=10 delta=0.15"``: the mode and, by their symbols, the knobs it uses
+        that differ from the defaults or define the mode's method (report rows, charts)."""
+        base = DecodeConfig()
+        parts = [self.mode]
+        for k in KNOBS.values():
+            if k.name in SAMPLING_FIELDS or not k.used_by(self):
+                continue
+            value = getattr(self, k.name)
+            defining = k.uses[0] in ("grouped", "latent", "uniform", "similarity") and k.widget is not None
+            if value != getattr(base, k.name) or defining:
+                parts.append(f"{k.symbol}={value:g}" if isinstance(value, float) else f"{k.symbol}={value}")
+        return " ".join(parts)
+
     # -- validation ---------------------------------------------------------
-    def validate(self, codebook_size: int | None = None) -> "DecodeConfig":
-        """Raise :class:`ConfigError` for the first setting out of range (LANTERN's
-        neighbourhood against the codebook once ``codebook_size`` is known)."""
-        _choice("mode", self.mode, tuple(MODES))
-        if self.acceptance is not None:
-            _choice("acceptance", self.acceptance, ACCEPTANCE_RULES)
-        if self.schedule is not None:
-            _choice("schedule", self.schedule, SCHEDULES)
-        _choice("init", self.init, DRAFT_INITS)
-        _int("window", self.window, 1, 256)
-        _int("group_size", self.group_size, 1, 1 << 20)
-        _real("gsd_delta", self.gsd_delta, 0.0, 1.0)
-        if self.gsd_distance is not None:
-            _real("gsd_distance", self.gsd_distance, 0.0, math.inf)
-        _int("lantern_k", self.lantern_k, 1, 1 << 20, "the model's codebook size - 1")
+    def validate(self, codebook_size: int | None = None, surface: str = "api") -> "DecodeConfig":
+        """Raise :class:`ConfigError` for the first setting out of range, named as
+        ``surface`` shows it (:data:`SURFACES`); LANTERN's neighbourhood is checked
+        against the codebook once ``codebook_size`` is known."""
+        if self.mode not in MODES:
+            raise ConfigError(f"{'--mode' if surface == 'cli' else 'mode'} must be one of "
+                              f"{', '.join(map(repr, MODES))} (got {shorten(self.mode)})")
+        for k in KNOBS.values():
+            check(k, getattr(self, k.name), surface)
         if codebook_size is not None and self.rule == "latent" and self.lantern_k > codebook_size - 1:
-            raise ConfigError(
-                f"lantern_k must be an integer in [1, {codebook_size - 1}] for this model's "
-                f"codebook of {codebook_size} codes (got {self.lantern_k})"
-            )
-        _real("lantern_delta", self.lantern_delta, 0.0, 1.0)
-        _int("skip_interval", self.skip_interval, 2, 1 << 20, "the image's token count")
-        _real("skip_threshold", self.skip_threshold, -1.0, 1.0)
-        _real("skip_alpha", self.skip_alpha, 1e-6, 1.0)
-        _int("skip_paths", self.skip_paths, 2, 64)
-        if self.cfg_scale is not None:
-            _real("cfg_scale", self.cfg_scale, 0.0, 100.0)
-        if self.top_k is not None:
-            _int("top_k", self.top_k, 1, 1 << 24, "the vocabulary size; None disables top-k")
-        if self.top_p is not None:
-            _real("top_p", self.top_p, 1e-6, 1.0)
-        if self.temperature is not None:
-            _real("temperature", self.temperature, 0.0, 100.0)
+            raise ConfigError(f"{KNOBS['lantern_k'].shown_as(surface)} must be an integer in [1, {codebook_size - 1}] "
+                              f"for this model's codebook of {codebook_size} codes (got {self.lantern_k})")
         if self.mode == "ar" and (self.acceptance or self.schedule not in (None, "every")):
             raise ConfigError("mode 'ar' has no drafts: leave acceptance and schedule unset")
         return self
+
+
+def _knobs() -> dict[str, Knob]:
+    out = {}
+    for f in fields(DecodeConfig):
+        if "knob" in f.metadata:
+            out[f.name] = replace(f.metadata["knob"], name=f.name, kind=str(f.type).split(" |")[0])
+    return out
+
+
+#: field name -> its knob, in field order (the order surfaces show them)
+KNOBS: dict[str, Knob] = _knobs()
+
+
+def check(k: Knob, value, surface: str = "api") -> None:
+    """Raise :class:`ConfigError` unless ``value`` is allowed for knob ``k``."""
+    name = k.shown_as(surface)
+    if value is None and k.optional:
+        return
+    if k.choices is not None:
+        if value not in k.choices:
+            shown = [c for c in k.choices if c is not None]
+            raise ConfigError(f"{name} must be one of {', '.join(map(repr, shown))} (got {shorten(value)})")
+        return
+    integer = k.kind == "int"
+    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    if not ok or (isinstance(value, float) and math.isnan(value)) or not k.lo <= value <= k.hi:
+        kind = "an integer" if integer else "a number"
+        extra = "; none disables it" if k.optional and k.name not in SAMPLING_FIELDS else ""
+        raise ConfigError(f"{name} must be {kind} {k.range_text()}{extra} (got {shorten(value)})")
+
+
+def parse(k: Knob, text: str, surface: str = "api"):
+    """A knob's value from text (command line, bench sweeps): ``none`` for an
+    optional knob, else its type; checked against its range."""
+    if k.optional and text.strip().lower() in ("none", "off"):
+        return None
+    if k.kind in ("int", "float"):
+        try:
+            value = int(text) if k.kind == "int" else float(text)
+        except ValueError:
+            kind = "an integer" if k.kind == "int" else "a number"
+            raise ConfigError(f"{k.shown_as(surface)} must be {kind} {k.range_text()} (got {shorten(text)})") from None
+    else:
+        value = text
+    check(k, value, surface)
+    return value
 
 
 def shorten(value, limit: int = 60) -> str:
     """``repr(value)``, cut to ``limit`` characters: an error must not echo a 10 000-character prompt."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def _choice(name, value, allowed):
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(map(repr, allowed))} (got {shorten(value)})")
-
-
-def _int(name, value, lo, hi, bound: str = ""):
-    """``bound`` names the real upper limit where ``hi`` is only a sanity cap (it
-    depends on the model, or is too large to matter)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        rng = f"in [{lo}, {bound}]" if bound else f"in [{lo}, {hi}]"
-        raise ConfigError(f"{name} must be an integer {rng} (got {shorten(value)})")
-
-
-def _real(name, value, lo, hi):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
-    if not ok or (isinstance(value, float) and math.isnan(value)):
-        rng = f">= {lo}" if hi == math.inf else f"in [{lo}, {hi}]"
-        raise ConfigError(f"{name} must be a number {rng} (got {shorten(value)})")

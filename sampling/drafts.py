@@ -1,13 +1,13 @@
 """Draft sources: where the tokens a forward pass verifies come from.
 
-A draft source keeps ``state.seq`` (tokens by stream position) and ``state.ring``
-(the distribution each draft was sampled from, by position) filled ahead of the
-committed prefix.  The engine calls
+A draft source works on the :class:`~.state.DecodeState` (``state.py`` documents
+what it may read and write) and implements two calls:
 
 * ``after_verify(state, probs, samples, first_new)`` once a forward has been
-  judged: ``probs`` are the target rows of the window (row ``j`` for position
-  ``state.window_positions[:, j] + 1``), ``samples`` one draw from each row, and
-  rows after ``first_new`` hold positions still to be drafted;
+  judged: ``probs`` ``[B, L, V]`` are the target rows of the window (row ``j`` for
+  position ``state.window_positions[:, j] + 1``), ``samples`` ``[B, L]`` one draw
+  from each row, and rows after ``first_new`` ``[B]`` hold positions still to be
+  drafted;
 * ``extend(state, start, stop, width)`` to put fresh drafts at positions
   ``[start[b], stop[b])`` of each sample (``width >= max(stop - start)``).
 
@@ -21,7 +21,7 @@ up to date, on the device and, for ``draft_end``, in ``state.host_draft_end``
 :class:`JacobiDrafts` is SJD's self-drafting: the unverified tail of a pass,
 re-sampled from that pass, becomes the next drafts with the pass's rows as their
 ``q``; new positions get a :data:`DRAFT_INITS` guess.  A learned drafter (e.g.
-LANTERN's EAGLE heads) plugs in by implementing the same two calls, running its
+LANTERN's EAGLE heads) is another class with the same two calls, running its
 head in ``extend`` and writing its own ``q`` rows.
 """
 from __future__ import annotations
@@ -31,14 +31,16 @@ from typing import Protocol
 import torch
 
 from . import rng
+from .state import DecodeState
 
 
 class DraftSource(Protocol):
     """What the engine needs from a draft source (see the module docstring)."""
 
-    def after_verify(self, st, probs: torch.Tensor, samples: torch.Tensor, first_new: torch.Tensor) -> None: ...
+    def after_verify(self, st: DecodeState, probs: torch.Tensor, samples: torch.Tensor,
+                     first_new: torch.Tensor) -> None: ...
 
-    def extend(self, st, start: torch.Tensor, stop: torch.Tensor, width: int) -> None: ...
+    def extend(self, st: DecodeState, start: torch.Tensor, stop: torch.Tensor, width: int) -> None: ...
 
 
 class JacobiDrafts:

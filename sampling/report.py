@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import torch
+
 # How each token of the stream was obtained (the accept map).
 PENDING, SAMPLED, ACCEPTED, RESAMPLED, COMMITTED, FORCED = range(6)
 ORIGINS = {
@@ -32,7 +34,7 @@ class DecodeReport:
     skipped_verifications: int
     unverified_tokens: int  # committed by skipped verifications (structural ones included)
     origins: list[int]  # one ORIGINS code per stream position
-    steps: str  # "P" prefill, "V" verified forward, "S" skipped verification
+    step_kinds: str  # per step: "P" prefill, "V" verified forward, "S" skipped verification
     latency_s: float
     model_time_s: float
     engine_time_s: float
@@ -54,6 +56,48 @@ class DecodeReport:
             f"{self.skipped_verifications} skipped), {self.latency_s * 1000:.0f} ms for a batch of "
             f"{self.batch_size} ({self.engine_time_s / max(self.latency_s, 1e-9):.0%} outside model forwards)"
         )
+
+
+def build_reports(st, config, timer, memory_mb: float, device) -> list[DecodeReport]:
+    """Origins, counts and histograms, rebuilt from the step log."""
+    B, T = st.batch, st.length
+    device = st.seq.device
+    pos = torch.arange(T, device=device).unsqueeze(0)
+    origin = torch.full((B, T), PENDING, dtype=torch.long, device=device)
+    nfe = torch.zeros(B, dtype=torch.long, device=device)
+    skipped = torch.zeros_like(nfe)
+    unverified = torch.zeros_like(nfe)
+    hist = torch.zeros(B, st.max_window + 2, dtype=torch.long, device=device)
+    for kind, before, after, flag, new in st.log:
+        span = (pos >= before.unsqueeze(1)) & (pos < after.unsqueeze(1))
+        if kind == "S":
+            code = torch.full_like(origin, COMMITTED)
+            skipped += flag
+            unverified += after - before
+        else:
+            last = pos == new.unsqueeze(1)  # the drawn token (past the end when all stood)
+            code = torch.where(last, torch.where(flag, RESAMPLED, SAMPLED).unsqueeze(1), ACCEPTED)
+            active = before < T
+            nfe += active
+            hist.scatter_add_(1, (after - before).clamp(max=hist.shape[1] - 1).unsqueeze(1),
+                              active.long().unsqueeze(1))
+        origin = torch.where(span, code, origin)
+    origin = torch.where(st.forced_at[:T] >= 0, FORCED, origin)
+    origins, nfe, hist = origin.tolist(), nfe.tolist(), hist.tolist()
+    skipped, unverified = skipped.tolist(), unverified.tolist()
+    kinds = "".join(k for k, *_ in st.log)
+    settings = config.to_dict()
+    return [
+        DecodeReport(
+            mode=config.mode, seed=st.seeds[b], tokens=T, nfe=nfe[b], tokens_per_forward=T / nfe[b],
+            mean_accepted_length=(T - unverified[b]) / nfe[b], accepted_length_histogram=hist[b],
+            skipped_verifications=skipped[b], unverified_tokens=unverified[b], origins=origins[b],
+            step_kinds=kinds, latency_s=timer.total, model_time_s=timer.model_total,
+            engine_time_s=timer.total - timer.model_total, batch_size=B,
+            device=str(device), memory_mb=memory_mb, settings=settings,
+        )
+        for b in range(B)
+    ]
 
 
 #: accept-map colours (RGB) per origin code

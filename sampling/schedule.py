@@ -1,8 +1,8 @@
 """Verification schedules: when a step may commit drafts without a target forward.
 
-After every verified step the engine asks the schedule for ``plan(state)``: a
-per-sample number of draft tokens to commit unverified at the next step, or
-``None`` to verify.  Rules shared by every skipping schedule (VVS, Dong et al.
+After every verified step the engine asks the schedule for ``plan(state)`` (a
+:class:`~.state.DecodeState`): a per-sample number of draft tokens to commit
+unverified at the next step, or ``None`` to verify.  Rules shared by every skipping schedule (VVS, Dong et al.
 2025, sec. 4.1-4.4):
 
 * never two skips in a row (the engine only asks after a verified step);

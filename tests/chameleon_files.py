@@ -9,7 +9,7 @@ import random
 
 import torch
 
-WORDS = ("generate an image of according to the following prompt: a red fox in snow blue sky cat on mat "
+WORDS = ("Generate an image of according to the following prompt: a red fox in snow blue sky cat on mat "
          "64x64 96x64 64x96 512x512").split()
 CODES = 64
 ARCHITECTURES = {"lumina": "ChameleonXLLMXForConditionalGeneration", "anole": "ChameleonForConditionalGeneration"}
@@ -84,3 +84,88 @@ def write_tiny_vqgan(folder: pathlib.Path, codes: int = CODES, seed: int = 0):
     spec = VQGANSpec(embed_dim=8, n_embed=codes, z_channels=16, ch=32, ch_mult=(1, 1, 1, 1, 1), num_res_blocks=1,
                      attn_resolutions=(), resolution=64)
     return write_vqgan(folder, spec, seed)
+
+
+def lumina_config(model, model_parallel_size: int = 1) -> dict:
+    """config.json as Lumina-mGPT's training code saves its releases (Alpha-VLLM/Lumina-mGPT @104abe45):
+    ``ChameleonXLLMXConfig`` (``lumina_mgpt/model/configuration_xllmx_chameleon.py``: Lumina's own
+    ``ChameleonConfig`` plus ``z_loss_weight``) with the fields its ``configuration_chameleon.py`` serialises
+    (``model_parallel_size``, ``swin_norm``, ``mask_image_logits``, ``dropout``, ``mlp_bias``), the class
+    defaults for the ids its converter never sets (``bos_token_id`` 1, ``eos_token_id`` 2, ``pad_token_id``
+    None: not the tokenizer's), and ``vq_config`` as its converter writes it from ``vqgan.yaml`` (the yaml's
+    keys beside their renamed copies)."""
+    c = model.config
+    vq = c.vq_config
+    return {
+        "architectures": [ARCHITECTURES["lumina"]], "model_type": "chameleon", "z_loss_weight": 1e-05,
+        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None,
+        "dropout": 0.05, "hidden_act": "silu", "hidden_size": c.hidden_size, "initializer_range": 0.02,
+        "intermediate_size": c.intermediate_size, "mask_image_logits": False,
+        "max_position_embeddings": c.max_position_embeddings, "mlp_bias": False,
+        "model_parallel_size": model_parallel_size, "num_attention_heads": c.num_attention_heads,
+        "num_hidden_layers": c.num_hidden_layers, "num_key_value_heads": c.num_key_value_heads,
+        "rms_norm_eps": c.rms_norm_eps, "rope_scaling": None, "rope_theta": 10000.0, "swin_norm": False,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.43.3", "use_cache": True,
+        "vocab_size": c.vocab_size, "vocabulary_map": c.vocabulary_map,
+        "vq_config": {"embed_dim": vq.embed_dim, "n_embed": vq.num_embeddings, "num_embeddings": vq.num_embeddings,
+                      "double_z": False, "double_latent": False, "z_channels": vq.latent_channels,
+                      "latent_channels": vq.latent_channels, "resolution": vq.resolution, "in_channels": 3,
+                      "out_ch": 3, "out_channels": 3, "ch": vq.base_channels, "base_channels": vq.base_channels,
+                      "ch_mult": list(vq.channel_multiplier), "channel_multiplier": list(vq.channel_multiplier),
+                      "num_res_blocks": vq.num_res_blocks, "attn_resolutions": list(vq.attn_resolutions or []),
+                      "dropout": 0.0},
+    }
+
+
+def tiny_lumina_reference(seed: int = 0, model_parallel_size: int = 1):
+    """The tiny Lumina-mGPT as the reference runs it: transformers' Chameleon whose q/k norms are equal
+    within each model-parallel shard's heads (what Lumina's per-shard rows mean), every weight rounded to
+    bfloat16 (the dtype of the release files) and held in float32."""
+    from .chameleon_meta_files import perturb
+
+    model, vocab = tiny_chameleon("lumina", seed)
+    perturb(model, model_parallel_size, seed)
+    with torch.no_grad():  # the weights only: rotary tables are computed, not stored
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16))
+    return model, vocab
+
+
+def write_lumina(folder: pathlib.Path, model_parallel_size: int = 1, seed: int = 0, vqgan: bool = True,
+                 norm_rows: int | None = None) -> pathlib.Path:
+    """A Lumina-mGPT folder in Lumina's own layout, as its releases are saved (Alpha-VLLM/Lumina-mGPT
+    @104abe45): bfloat16 safetensors shards with an index (``save_pretrained`` of its training checkpoint),
+    no ``model.vqmodel.*`` weights (``finetune_solver.py`` deletes the VQ encoder before training), the
+    q/k norms as its ``ChameleonLayerNorm`` stores them, ``[model_parallel_size, head_dim]`` (each shard's
+    first head's row; its converter's ``.reshape(1, -1)`` for one shard), :func:`lumina_config`, the
+    tokenizer, and Meta's VQGAN in ``tokenizer/`` as users set it up.  ``norm_rows`` writes that many
+    rows instead (a file that fits no layout)."""
+    from safetensors.torch import save_file
+
+    model, vocab = tiny_lumina_reference(seed, model_parallel_size)
+    rows = norm_rows or model_parallel_size
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {}
+    for name, w in model.state_dict().items():
+        if name.startswith("model.vqmodel."):
+            continue
+        if "_norm." in name and ".self_attn." in name:  # [heads, head_dim] -> one row per shard
+            w = w[[s * (w.shape[0] // rows) for s in range(rows)]] if w.shape[0] % rows == 0 else w[:rows]
+        sd[name] = w.to(torch.bfloat16).contiguous()
+    names = sorted(sd)
+    halves = [names[: len(names) // 2], names[len(names) // 2:]]
+    weight_map = {}
+    for i, part in enumerate(halves):
+        file = f"model-{i + 1:05d}-of-{len(halves):05d}.safetensors"
+        save_file({n: sd[n] for n in part}, str(folder / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (folder / "config.json").write_text(json.dumps(lumina_config(model, model_parallel_size), indent=2))
+    (folder / "generation_config.json").write_text(json.dumps({"_from_model_config": True, "bos_token_id": 1,
+                                                               "eos_token_id": 2, "transformers_version": "4.43.3"}))
+    write_tokenizer(folder, vocab)
+    if vqgan:
+        write_tiny_vqgan(folder / "tokenizer", CODES, seed)
+    return folder

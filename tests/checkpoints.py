@@ -90,15 +90,30 @@ JANUS_SPECIAL = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
                  "<begin_of_image>", "<end_of_image>", "<image_placeholder>", "<unk>"]
 
 
+#: merges of the tiny byte-level BPE (byte-level symbols: Ġ space, Ċ newline); "ĊĊ" is the template's blank line
+JANUS_MERGES = [("Ċ", "Ċ"), ("Ġ", "a"), ("Ġ", "c"), ("a", "t"), ("Ġc", "at"), ("Ġ", "r"), ("e", "d"), ("Ġr", "ed")]
+
+
 def janus_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A tiny tokenizer shaped like DeepSeek's (deepseek-ai/Janus-Pro): byte-level BPE over the 256 byte
+    symbols and :data:`JANUS_MERGES`, the special tokens after them, BOS added by the post-processor (as
+    ``LlamaTokenizerFast`` adds it).  Like the real one it sees every space and newline, so a prompt's
+    surrounding whitespace changes its ids unless stripped."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    words = ": a red blue green circle square cat dog in the top left on striped background".split()
-    vocab = {t: i for i, t in enumerate(JANUS_SPECIAL + words)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=JANUS_SPECIAL[0], eos_token=JANUS_SPECIAL[1],
+    from .emu3_files import byte_symbols
+
+    vocab = {sym: i for i, sym in enumerate(byte_symbols())}
+    for a, b in JANUS_MERGES:
+        vocab[a + b] = len(vocab)
+    vocab.update({t: len(vocab) + i for i, t in enumerate(JANUS_SPECIAL)})
+    tok = Tokenizer(models.BPE(vocab, JANUS_MERGES))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    bos = JANUS_SPECIAL[0]
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=JANUS_SPECIAL[1],
                                    pad_token=JANUS_SPECIAL[2], unk_token="<unk>",
                                    additional_special_tokens=JANUS_SPECIAL[3:8])
 
@@ -110,7 +125,7 @@ def tiny_janus(seed=0):
     tok = janus_tokenizer()
     ids = {t: tok.convert_tokens_to_ids(t) for t in JANUS_SPECIAL}
     cfg = JanusConfig(
-        text_config=dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, bos_token_id=ids[JANUS_SPECIAL[0]],
                          eos_token_id=ids[JANUS_SPECIAL[1]], pad_token_id=ids[JANUS_SPECIAL[2]],
                          tie_word_embeddings=False),

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 import uuid
 
-from spec_ar.workflow_format import ui_to_api  # noqa: F401  (re-exported for the tests)
+from spec_ar.workflows.format import ui_to_api  # noqa: F401  (re-exported for the tests)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CACHE = REPO / ".comfyui"

@@ -8,8 +8,12 @@ whole vocabulary as ``vocabulary_map``), ``model.safetensors``, ``generation_con
 
 The real vocabulary has 151643 text ids, the special tokens (``<|endoftext|>``, ``<|extra_200|>`` = end of line,
 ``<|extra_201|>`` = end of frame, ``<|extra_203|>`` = BOS, ``<|extra_204|>`` = EOS, ``<|image start|>``, ...)
-and 32768 ``<|visual token NNNNNN|>`` tokens.  Here the text part is the 256 byte symbols and the visual tokens
-get their ids in a shuffled order, so a loader that assumes ``id = offset + code`` fails the tests.
+and 32768 ``<|visual token NNNNNN|>`` tokens.  Here the text part is the 256 byte symbols (id = byte value)
+and the merged tokens of :data:`MERGES` (among them ``90``, which the real vocabulary also holds whole), and
+the visual tokens get their ids in a shuffled order, so a loader that assumes ``id = offset + code`` fails.
+
+:func:`write_baai_converted_tokenizer` writes a tokenizer alone, with the same text part and the special
+tokens at the ids BAAI's tokenizer gives them, as transformers' converter writes it.
 """
 from __future__ import annotations
 
@@ -31,8 +35,21 @@ def byte_symbols() -> list[str]:
     return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
 
 
-def vocabulary(codes: int = CODES, seed: int = 0) -> dict[str, int]:
+#: merges of the tiny BPE, in rank order (byte-level symbols: Ġ is the space): "90" merged whole as in the
+#: real vocabulary, " cat" from " c" + "at", and ".W" (punctuation glued to a letter, as BAAI's split allows)
+MERGES = [("9", "0"), ("a", "t"), ("Ġ", "c"), ("Ġc", "at"), (".", "W")]
+
+
+def text_vocabulary() -> dict[str, int]:
+    """Byte symbols at their byte values, then the merged tokens: the same ids in both tiny tokenizers."""
     vocab = {s: i for i, s in enumerate(byte_symbols())}
+    for a, b in MERGES:
+        vocab[a + b] = len(vocab)
+    return vocab
+
+
+def vocabulary(codes: int = CODES, seed: int = 0) -> dict[str, int]:
+    vocab = text_vocabulary()
     for tok in (PAD, EOL, EOF, BOS, EOS, WRAPPER, BOI, EOI):
         vocab[tok] = len(vocab)
     base = len(vocab)
@@ -43,13 +60,14 @@ def vocabulary(codes: int = CODES, seed: int = 0) -> dict[str, int]:
 
 
 def write_tokenizer(folder: pathlib.Path, vocab: dict[str, int]) -> None:
-    """``vocab.json`` + ``merges.txt`` (byte level, no merges: every byte is a token) and a
+    """``vocab.json`` + ``merges.txt`` (byte-level BPE over :func:`text_vocabulary` and :data:`MERGES`) and a
     ``tokenizer_config.json`` that names the special tokens as the converted repo does."""
-    n_bytes = 256
-    (folder / "vocab.json").write_text(json.dumps({s: i for s, i in vocab.items() if i < n_bytes}))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
+    folder.mkdir(parents=True, exist_ok=True)
+    text = text_vocabulary()
+    (folder / "vocab.json").write_text(json.dumps(vocab))  # the specials too, as the converter writes it
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in MERGES))
     added = {str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                      "special": True} for s, i in vocab.items() if i >= n_bytes}
+                      "special": True} for s, i in vocab.items() if s not in text}
     config = {"added_tokens_decoder": added, "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": PAD,
               "clean_up_tokenization_spaces": False, "add_prefix_space": False, "errors": "replace",
               "extra_special_tokens": NAMED, **NAMED, "model_max_length": 1 << 30,
@@ -99,4 +117,28 @@ def write_emu3(folder: str | pathlib.Path, seed: int = 0, codes: int = CODES) ->
         "do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.5] * 3,
         "image_std": [0.5] * 3, "rescale_factor": 1 / 255, "resample": 3, "spatial_factor": 8,
         "min_pixels": 256 * 256, "max_pixels": 1024 * 1024}, indent=1))
+    return folder
+
+
+#: where BAAI's tokenizer puts its special tokens (``SPECIAL_START_ID`` of ``emu3/mllm/tokenization_emu3.py``,
+#: baaivision/Emu3 @f6ea9aaa): <|endoftext|>, <|im_start|>, <|im_end|>, <|extra_0|> ... <|extra_204|>, then the
+#: lines of ``emu3_vision_tokens.txt``
+BAAI_SPECIAL_START = 151643
+#: the tiny ``emu3_vision_tokens.txt`` behind :func:`baai_vocabulary` (our order; the real file's is not known here)
+BAAI_VISION_TOKENS = [BOI, EOI, WRAPPER] + [f"<|visual token {c:06d}|>" for c in range(8)]
+
+
+def baai_vocabulary() -> dict[str, int]:
+    """:func:`text_vocabulary` plus the special tokens at the ids BAAI's tokenizer gives them."""
+    vocab = text_vocabulary()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [f"<|extra_{i}|>" for i in range(205)]
+    vocab.update({name: BAAI_SPECIAL_START + i for i, name in enumerate(specials + BAAI_VISION_TOKENS)})
+    return vocab
+
+
+def write_baai_converted_tokenizer(folder: str | pathlib.Path) -> pathlib.Path:
+    """A tokenizer alone, as transformers' ``convert_emu3_weights_to_hf.py`` converts BAAI's: the vocabulary
+    with the specials at BAAI's ids, the merges, BOS / EOS / pad named; split by GPT-2's byte-level pattern."""
+    folder = pathlib.Path(folder)
+    write_tokenizer(folder, baai_vocabulary())
     return folder

@@ -11,7 +11,7 @@ import torch
 
 from spec_ar.cli import main
 from spec_ar.loaders import embedded
-from spec_ar.loaders.checkpoints import CheckpointError
+from spec_ar.formats.checkpoints import CheckpointError
 from spec_ar.loaders.detect import load_model
 
 from . import checkpoints as ck

@@ -26,7 +26,7 @@ def test_bench_writes_tables_charts_and_quality(tmp_path, capsys):
     assert 0 < sjd["outside_forwards"] < 1 and sjd["memory_mb"] > 0 and 0 <= sjd["adherence"] <= 1
     # the process peak includes the loaded weights (8 MB of safetensors) and torch itself
     assert sjd["peak_rss_mb"] > 50 and "| peak RSS MB |" in (out / "report.md").read_text()
-    assert res["noise_floor_fd"] >= 0 and "fd" in res["runs"]["gsd G=10"] and res["runs"]["sjd"]["fd_to_ar"] > 0
+    assert res["fd_noise_floor"] >= 0 and "fd" in res["runs"]["gsd G=10"] and res["runs"]["sjd"]["fd_to_ar"] > 0
     assert set(res["runs"]["sjd"]["adherence_parts"]) == {"colour", "shape", "position"}
     assert 0 < ar["target_nll"] < 10 and ar["zero_mass_tokens"] == sjd["zero_mass_tokens"] == 0
     verdicts = res["targets"]  # one per issue target: sjd, gsd, vvs on the best relaxed setting
@@ -50,7 +50,7 @@ def _row(nfe, adherence, fd, tpf=None, **extra):
 def test_target_verdicts_follow_the_issue_rules():
     from spec_ar.bench.report import targets
 
-    results = {"noise_floor_fd": 40.0, "best_relaxed": "gsd G=3", "runs": {
+    results = {"fd_noise_floor": 40.0, "best_relaxed": "gsd G=3", "runs": {
         "ar": _row(256, 0.20, 1000),
         "sjd": _row(100, 0.21, 1030),  # 2.56x fewer, FD gap 30 <= floor 40
         "gsd G=3": _row(70, 0.185, 1050),  # 3.66x, adherence 1.5 points down: kept

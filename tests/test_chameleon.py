@@ -1,16 +1,16 @@
 """Lumina-mGPT and Anole (the Chameleon architecture) on tiny random checkpoints in
-transformers' converted format, with a tiny Meta-format VQGAN."""
+transformers' converted format and in Lumina-mGPT's own layout, with a tiny Meta-format VQGAN."""
 import json
 
 import pytest
 import torch
 
 from spec_ar.loaders import chameleon
-from spec_ar.loaders.checkpoints import CheckpointError
+from spec_ar.formats.checkpoints import CheckpointError
 from spec_ar.loaders.detect import detect, load_model
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 
-from .chameleon_files import write_chameleon, write_tiny_vqgan
+from .chameleon_files import tiny_lumina_reference, write_chameleon, write_lumina, write_tiny_vqgan
 
 MODES = ["ar", "sjd", "gsd", "lantern", "vvs"]
 
@@ -151,3 +151,36 @@ def test_render_command_takes_width_and_height(lumina_folder, tmp_path):
     report = json.loads((out / "sjd_0.json").read_text())
     assert report["family"] == "lumina" and report["reports"][0]["tokens"] == 2 + 6 * 5 + 1
     assert load_model(lumina_folder, width=64, height=64).adapter.layout.grid == (4, 4)
+
+
+@pytest.mark.parametrize("shards", [1, 2])  # 7B releases: [1, 128]; 34B: [4, 128] (here 4 heads, 2 kv heads)
+def test_lumina_folders_in_lumina_layout_load_as_the_reference_model(tmp_path, shards):
+    from safetensors import safe_open
+    from transformers import ChameleonForConditionalGeneration
+
+    folder = write_lumina(tmp_path / "Lumina-mGPT-7B-768", model_parallel_size=shards)
+    with safe_open(str(folder / "model-00001-of-00002.safetensors"), "pt") as f:  # the layout transformers rejects
+        assert f.get_slice("model.layers.0.self_attn.k_norm.weight").get_shape() == [shards, 8]
+    with pytest.raises(RuntimeError, match="size mismatch|mismatch"):
+        ChameleonForConditionalGeneration.from_pretrained(str(folder))
+    assert detect(folder).family == "lumina"
+    model = load_model(folder, width=64, height=64)
+    ref, vocab = tiny_lumina_reference(model_parallel_size=shards)  # the rows repeated per head, as Lumina runs them
+    ids = torch.tensor([model.adapter.prompt_ids("a red fox") + model.adapter.image_ids[:5].tolist()])
+    ours = model.adapter.head(model.adapter.inner(input_ids=ids).last_hidden_state)
+    torch.testing.assert_close(ours, ref.lm_head(ref.model(input_ids=ids).last_hidden_state), rtol=0, atol=0)
+
+
+def test_lumina_layout_renders_and_a_norm_fitting_no_layout_is_one_error(tmp_path):
+    from spec_ar.cli import main
+
+    folder = write_lumina(tmp_path / "Lumina-mGPT-7B-768")
+    out = tmp_path / "out"
+    assert main(["render", "--model", str(folder), "--prompt", "a red fox", "--mode", "gsd", "--width", "64",
+                 "--height", "64", "--out", str(out)]) == 0
+    assert json.loads((out / "gsd_0.json").read_text())["family"] == "lumina"
+    bad = write_lumina(tmp_path / "odd", norm_rows=3)  # 3 rows: not 4 heads, not 1 shard
+    with pytest.raises(CheckpointError, match=r"odd/model-0000\d-of-00002.safetensors: model.layers.\d.self_attn."
+                                              r"q_norm.\w+ has shape \[3, 8\]; the layouts that load are \[4, 8\] "
+                                              r"\(transformers'.*\) and \[1, 8\] \(Lumina-mGPT's"):
+        load_model(bad)

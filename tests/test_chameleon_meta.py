@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from spec_ar.loaders import chameleon, chameleon_meta
-from spec_ar.loaders.checkpoints import CheckpointError
+from spec_ar.formats.checkpoints import CheckpointError
 
 from .chameleon_files import write_chameleon
 from .chameleon_meta_files import meta_params, perturb, tiny_model, write_meta_chameleon
 
 PROMPTS = [["<s>", "a", "red", "fox", "in", "snow", "<racm3:break>"], ["<s>", "cat", "on", "mat"],
-           ["<s>", "blue", "sky", "<image>", "generate", "an", "image", "of", "<racm3:break>"]]
+           ["<s>", "blue", "sky", "<image>", "Generate", "an", "image", "of", "<racm3:break>"]]
 
 
 def _logits(model, vocab, image_tail=4):

@@ -8,8 +8,9 @@ import shutil
 import pytest
 import torch
 
-from spec_ar.cli import main, write_all
+from spec_ar.cli import main
 from spec_ar.loaders.llamagen import load
+from spec_ar.output_folders import write_all
 
 from . import checkpoints as ck
 
@@ -30,9 +31,9 @@ CASES = [  # (arguments, a part the one-line message must hold)
     (lambda t: embedded_render(t, "--batch", "10000"), "the largest batch that fits is"),
     (lambda t: embedded_render(t, "--batch", "0"), "--batch must be an integer >= 1"),
     (lambda t: embedded_render(t, "--lantern-k", "2000000", "--mode", "lantern"),
-     "lantern_k must be an integer in [1, the model's codebook size - 1] (got 2000000)"),
+     "--lantern-k must be an integer in [1, the model's codebook size - 1] (got 2000000)"),
     (lambda t: embedded_render(t, "--lantern-k", "2000", "--mode", "lantern"),
-     "lantern_k must be an integer in [1, 511] for this model's codebook of 512 codes (got 2000)"),
+     "--lantern-k must be an integer in [1, 511] for this model's codebook of 512 codes (got 2000)"),
     (lambda t: embedded_render(t, "--class-id", "3"), "give --prompt (text-conditional models) or --class-id"),
     (lambda t: ("render", "--model", "embedded", "--class-id", "3", "--out", str(t / "out")),
      "is text-conditional: give --prompt"),
@@ -40,7 +41,7 @@ CASES = [  # (arguments, a part the one-line message must hold)
                 str(t / "out")), "characters)"),
     (lambda t: embedded_render(t, "--out", str(t / "file.txt")), "file.txt is a file, not a folder"),
     (lambda t: embedded_render(t, "--out", str(t / "file.txt" / "sub")), "file.txt is a file, not a folder"),
-    (lambda t: embedded_render(t, "--mode", "fast"), "mode must be one of"),
+    (lambda t: embedded_render(t, "--mode", "fast"), "--mode must be one of"),
     (lambda t: embedded_render(t, "--device", "tpu"), "device must be cpu, cuda or cuda:N (got 'tpu')"),
     (lambda t: ("bench", "--prompts", str(t / "latin1.txt"), "--out", str(t / "out")),
      "latin1.txt: not UTF-8 text (byte 0xe8 on line 2)"),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from . import checkpoints as ck
-from .chameleon_files import write_chameleon
+from .chameleon_files import write_chameleon, write_lumina
 from .emu3_files import write_emu3
 from .comfyui_server import ComfyServer, error_of, locate, ui_to_api
 
@@ -34,7 +34,7 @@ def _family_weights(models: pathlib.Path) -> None:
     ck.write_t5(models / "flan-t5-xl")
     model, tok = ck.tiny_janus()
     ck.write_janus(models / "Janus-Pro-7B", model, tok)
-    write_chameleon(models / "Lumina-mGPT-7B-768", "lumina")  # with tokenizer/vqgan.* inside, as users set it up
+    write_lumina(models / "Lumina-mGPT-7B-768")  # Lumina's own layout, tokenizer/vqgan.* inside as users set it up
     write_chameleon(models / "Anole-7b-hf", "anole", seed=1)
     write_emu3(models / "Emu3-Gen-hf")
     # a model whose float16 logits overflow (its output layer scaled past float16's range)
@@ -96,6 +96,32 @@ def test_pack_registers_its_nodes_with_tooltips(server, object_info):
     assert object_info["SpecAR_PromptList"]["output_is_list"] == [True, False]
 
 
+def test_the_sampler_shows_the_knob_table(object_info):
+    from spec_ar.nodes import common
+
+    inputs = object_info["SpecAR_Sampler"]["input"]["required"]
+    for w in common.sampler_widgets():
+        kind, opts = inputs[w["label"]]
+        assert opts["tooltip"] == w["tooltip"], w["label"]
+        if w["widget"] == "combo":
+            assert opts["options"] == w["options"] and opts["default"] == w["default"], w["label"]
+        else:
+            assert kind == w["kind"].upper() and (opts["min"], opts["max"], opts["step"], opts["default"]) == (
+                w["min"], w["max"], w["step"], w["default"]), w["label"]
+            assert (opts.get("display") == "slider") == (w["widget"] == "slider"), w["label"]
+
+
+def test_gsd_with_similarity_skipping_is_set_from_the_node(server):
+    workflow = _api("embedded_t2i_gsd")
+    sampler = next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")
+    sampler["inputs"].update(schedule="similarity", skip_threshold=0.0)
+    entry = server.run(workflow)
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    report = "".join(_outputs(entry, "text"))
+    skipped = int(report.split(" skipped)")[0].rsplit(", ", 1)[1])
+    assert report.startswith("gsd: 256 tokens") and skipped > 0, report
+
+
 def test_ui_and_api_workflows_agree(object_info):
     pairs = sorted(WORKFLOWS.glob("*.json"))
     assert len(pairs) >= 10
@@ -129,14 +155,15 @@ def test_prompt_list_renders_every_prompt_in_one_queue_entry(server):
     assert entry["status"]["status_str"] == "success", _failure(entry)
     assert len([i for i in _outputs(entry, "images") if i["type"] == "output"]) == 3
     table = "".join(_outputs(entry, "text"))
-    assert table.count("| gsd G=10 |") == 3 and "a green triangle in the center" in table
+    assert table.count("| gsd G=10 delta=0.15 |") == 3 and "a green triangle in the center" in table
 
 
 def test_mode_comparison_graph_tabulates_and_plots(server):
     entry = server.run(_api("embedded_mode_comparison"))
     assert entry["status"]["status_str"] == "success", _failure(entry)
     table = "".join(_outputs(entry, "text"))
-    for label in ("| ar |", "| sjd |", "| gsd G=50 |", "| lantern k=300 d=0.1 |", "| vvs i=2 |"):
+    for label in ("| ar |", "| sjd |", "| gsd G=50 delta=0.15 |", "| lantern k=300 delta=0.1 |",
+                  "| vvs k=300 delta=0.1 i=2 |"):
         assert label in table
     assert "1.00x" in table  # ar against itself
 
@@ -164,7 +191,7 @@ def test_bad_input_gets_one_clear_error_and_the_server_keeps_serving(server):
     entry = server.run(bad)
     err = error_of(entry)
     assert entry["status"]["status_str"] == "error"
-    assert "lantern_k must be an integer in [1, 511]" in err["exception_message"]
+    assert err["exception_message"].startswith("k must be an integer in [1, 511]")  # named as the slider is
     assert err["node_type"] == "SpecAR_Sampler"
     bad[sampler]["inputs"].update(k=300, prompt="a red circle floating in fog")
     err = error_of(server.run(bad))

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from spec_ar.cli import main
-from spec_ar.loaders.checkpoints import CheckpointError
-from spec_ar.loaders.detect import detect, find_vq
+from spec_ar.formats.checkpoints import CheckpointError
+from spec_ar.loaders.detect import detect
+from spec_ar.loaders.llamagen import find_vq
 
 from .checkpoints import (random_gpt, tiny_gpt_spec, tiny_janus, write_gpt, write_janus, write_original_janus, write_t5,
                           write_vq)
@@ -96,7 +97,7 @@ def test_render_errors_are_one_line(zoo, tmp_path, capsys):
     code, _ = render(tmp_path, "--model", str(zoo["c2i"]), "--prompt", "a cat", "--resolution", "64")
     assert code == 2 and "is class-conditional: give --class-id" in capsys.readouterr().err
     code, _ = render(tmp_path, "--model", str(zoo["janus"]), "--prompt", "a cat", "--group-size", "0", "--mode", "gsd")
-    assert code == 2 and "group_size must be an integer in [1, 1048576] (got 0)" in capsys.readouterr().err
+    assert code == 2 and "--group-size must be an integer in [1, 1000] (got 0)" in capsys.readouterr().err
     code, _ = render(tmp_path, "--model", str(zoo["janus"]), "--prompt", "a cat", "--resolution", "512")
     assert code == 2 and "resolution must be one of [8]" in capsys.readouterr().err
     lonely = tmp_path / "lonely"
@@ -111,7 +112,7 @@ class Payload:
 
 
 def test_pickles_load_weights_only(tmp_path):
-    from spec_ar.loaders.checkpoints import load_file
+    from spec_ar.formats.checkpoints import load_file
 
     evil = tmp_path / "evil.pt"
     torch.save({"model": {"w": torch.zeros(1)}, "payload": Payload()}, evil)

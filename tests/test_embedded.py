@@ -7,13 +7,14 @@ import pathlib
 import pytest
 
 from spec_ar.embedded import domain, train
+from spec_ar.embedded.recipe import Recipe
 from spec_ar.embedded.text import TextEncoder
 from spec_ar.loaders import embedded
 from spec_ar.loaders.detect import detect
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 
-TINY = train.Recipe(images=48, vq_steps=2, vq_batch=4, gpt_steps=2, gpt_batch=4, dim=64, layers=1, text_dim=32,
-                    text_layers=1, judge_images=64, judge_epochs=1)
+TINY = Recipe(images=48, vq_steps=2, vq_batch=4, gpt_steps=2, gpt_batch=4, dim=64, layers=1, text_dim=32,
+              text_layers=1, judge_images=64, judge_epochs=1)
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +50,15 @@ def test_the_pipeline_writes_loadable_weights(weights):
 
 
 def test_the_weights_are_small(weights):
-    full = train.Recipe()  # the shipped configuration, counted without training it
+    full = Recipe()  # the shipped configuration, counted without training it
     from spec_ar.decoders.vq16 import VQModel
     from spec_ar.loaders.llamagen import LlamaGenGPT
 
-    params = sum(p.numel() for m in (VQModel(train.vq_spec(full)), LlamaGenGPT(train.gpt_spec(full)),
+    params = sum(p.numel() for m in (VQModel(embedded.vq_spec(full)), LlamaGenGPT(embedded.gpt_spec(full)),
                                      TextEncoder(list(domain.VOCABULARY), full.text_dim, full.text_layers))
                  for p in m.parameters())
     assert params * 2 < 30e6, "float16 weights must stay under 30 MB"
-    assert train.vq_spec(full).codebook_size >= 512 and full.grid ** 2 >= 256
+    assert embedded.vq_spec(full).codebook_size >= 512 and full.grid ** 2 >= 256
 
 
 def test_render_and_demo_with_the_embedded_model(weights, tmp_path, capsys):

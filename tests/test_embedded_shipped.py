@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from spec_ar.embedded import domain, judge as judging
-from spec_ar.embedded.evaluate import generate, scenes_and_prompts
+from spec_ar.embedded.quality import generate, scenes_and_prompts
 from spec_ar.loaders import embedded
 from spec_ar.sampling import DecodeConfig
 

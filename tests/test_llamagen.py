@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from spec_ar.decoders.vq16 import VQ16Decoder
 from spec_ar.loaders import llamagen
-from spec_ar.loaders.checkpoints import CheckpointError
+from spec_ar.formats.checkpoints import CheckpointError
 from spec_ar.loaders.llamagen import GPTSpec, LlamaGenAdapter, load_gpt
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 

@@ -1,4 +1,5 @@
 """The nodes' logic, outside ComfyUI: listing, settings, maps, tables, plots, prompts."""
+import json
 import time
 
 import numpy as np
@@ -62,19 +63,27 @@ def test_model_names_cannot_leave_the_model_folder(tmp_path, name):
 
 
 def test_widgets_become_a_validated_config():
-    c = common.decode_config("gsd", True, 9.0, 5, 0.5, 0.7, window=8, draft_init="sample-left", G=25,
-                             gsd_delta=0.2, k=100, lantern_delta=0.3, skip_interval=3, skip_threshold=0.6)
+    c = common.decode_config("gsd", True, window=8, draft_init="sample-left", G=25, gsd_delta=0.2, k=100,
+                             lantern_delta=0.3, skip_interval=3, skip_threshold=0.6, cfg=9.0, top_k=5)
     assert (c.mode, c.window, c.init, c.group_size, c.gsd_delta) == ("gsd", 8, "sample-left", 25, 0.2)
     assert (c.lantern_k, c.lantern_delta, c.skip_interval, c.skip_threshold) == (100, 0.3, 3, 0.6)
     assert c.cfg_scale is None and c.top_k is None  # family defaults
-    own = common.decode_config("sjd", False, 9.0, 0, 0.5, 0.7)
+    own = common.decode_config("sjd", False, cfg=9.0, top_k=0, top_p=0.5, temperature=0.7)
     assert (own.cfg_scale, own.top_k, own.top_p, own.temperature) == (9.0, None, 0.5, 0.7)
-    assert common.decode_config("vvs", True, 1, 0, 1, 1, "similarity").verify_schedule == "similarity"
-    assert common.decode_config("gsd", True, 1, 0, 1, 1, "similarity").verify_schedule == "every"
+    assert common.decode_config("vvs", schedule="similarity").verify_schedule == "similarity"
+    assert common.decode_config("gsd", schedule="similarity").verify_schedule == "similarity"  # any relaxed mode
+    assert common.decode_config("gsd", schedule=common.AUTO).verify_schedule == "every"
     with pytest.raises(ConfigError, match="mode must be one of"):
-        common.decode_config("fast", True, 1, 0, 1, 1)
-    with pytest.raises(ConfigError, match="window must be an integer in \\[1, 256\\] \\(got 0\\)"):
-        common.decode_config("sjd", True, 1, 0, 1, 1, window=0)
+        common.decode_config("fast")
+    # errors name the widget as the node shows it, not the field
+    with pytest.raises(ConfigError, match=r"^window must be an integer in \[1, 256\] \(got 0\)"):
+        common.decode_config("sjd", window=0)
+    with pytest.raises(ConfigError, match=r"^G must be an integer in \[1, 1000\] \(got 0\)"):
+        common.decode_config("gsd", G=0)
+    with pytest.raises(ConfigError, match=r"^k must be an integer in \[1, the model's codebook size - 1\]"):
+        common.decode_config("lantern", k=0)
+    with pytest.raises(ConfigError, match="unknown sampler input"):
+        common.decode_config("sjd", vvs_schedule="uniform")
 
 
 def test_accept_map_and_report_rows_come_from_a_real_decode():
@@ -91,6 +100,17 @@ def test_accept_map_and_report_rows_come_from_a_real_decode():
     img = common.plot(rows)
     assert img.size == (900, 420)
     assert common.table([]) == "(no reports)"
+
+
+def test_the_sampler_ui_carries_every_report_as_json_data():
+    adapter = TabularAdapter(image=4, length=5, forced=(2,), seed=1)
+    result = SpeculativeDecoder(adapter, DecodeConfig(mode="sjd", window=4)).generate([0, 1], seeds=3)
+    ui = common.report_ui(result.reports)
+    assert list(ui) == [common.REPORTS_UI]
+    sent = json.loads(json.dumps(ui))[common.REPORTS_UI]  # what /history hands a client
+    assert [r["seed"] for r in sent] == [3, 4] and [r["nfe"] for r in sent] == [r.nfe for r in result.reports]
+    assert sent[0]["mode"] == "sjd" and sent[0]["latency_s"] == result.reports[0].latency_s
+    assert "origins" not in sent[0] and set(sent[0]) | {"origins"} == set(result.reports[0].to_dict())
 
 
 def test_combo_values_are_checked_by_name():

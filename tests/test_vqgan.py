@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spec_ar.decoders.vqgan import (VQGANDecoder, VQGANModel, VQGANSpec, find_vqgan, load_yaml,
-                                    parse_simple_yaml)
-from spec_ar.loaders.checkpoints import CheckpointError
+from spec_ar.decoders.vqgan import VQGANDecoder, VQGANModel, VQGANSpec, find_vqgan
+from spec_ar.formats.checkpoints import CheckpointError
+from spec_ar.formats.yaml_subset import load_yaml, parse_simple_yaml
 
 from .vqgan_files import TINY, TINY_ATTN, TINY_FLAT, Callback, random_vqgan, write_vqgan, yaml_text
 

@@ -139,32 +139,49 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
 def weight_files(folder: pathlib.Path) -> list[pathlib.Path]:
-    """The weight files of a transformers folder (sharded or not), safetensors first."""
+    """A transformers folder's weight files: the shards its index names, else its
+    safetensors files, else its ``pytorch_model*.bin``."""
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            shards = read_json(folder / index).get("weight_map") or {}
+            return [folder / name for name in sorted(set(shards.values()))]
     return sorted(folder.glob(WEIGHT_PATTERNS[0])) or sorted(folder.glob(WEIGHT_PATTERNS[1]))
 
 
-def from_pretrained(cls, folder: str | pathlib.Path, what: str, **kwargs):
-    """``cls.from_pretrained(folder)`` offline, with every failure one error naming
-    the folder: no weights, a truncated or refused weight file, or weights that do
-    not fit the configuration."""
+def dtype_kwarg(dtype: torch.dtype) -> dict:
+    """``from_pretrained``'s dtype argument: ``torch_dtype`` before transformers 4.56, ``dtype`` since."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": dtype}
+
+
+def from_pretrained(cls, folder: str | pathlib.Path, what: str, dtype: torch.dtype | None = None, **kwargs):
+    """``cls.from_pretrained(folder)`` offline (in ``dtype`` if given), with every
+    failure one error naming the folder: no weights, a truncated or refused weight
+    file, or weights that do not fit the configuration."""
     folder = pathlib.Path(folder)
+    if dtype is not None:
+        kwargs.update(dtype_kwarg(dtype))
     files = weight_files(folder)
     if not files:
         raise CheckpointError(f"{folder}: no weights (model*.safetensors or pytorch_model*.bin) beside its "
                               "config.json: the download is incomplete")
     for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing (the folder's weight index names it): the download is incomplete")
         if f.suffix == ".safetensors":
             peek(f)  # a damaged header is named here, with the file
-    return _hf_call(lambda: cls.from_pretrained(str(folder), local_files_only=True, **kwargs), folder, what)
+    return hf_call(lambda: cls.from_pretrained(str(folder), local_files_only=True, **kwargs), folder, what)
 
 
 def tokenizer_from_pretrained(folder: str | pathlib.Path, what: str = "its tokenizer"):
     from transformers import AutoTokenizer
 
-    return _hf_call(lambda: AutoTokenizer.from_pretrained(str(folder), local_files_only=True), folder, what)
+    return hf_call(lambda: AutoTokenizer.from_pretrained(str(folder), local_files_only=True), folder, what)
 
 
-def _hf_call(call, folder, what):
+def hf_call(call, folder, what):
     try:
         return call()
     except torch.OutOfMemoryError:

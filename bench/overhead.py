@@ -1,6 +1,6 @@
 """Engine overhead: time outside model forwards, per mode, on synthetic models.
 
-    .venv/bin/python benchmarks/engine_overhead.py [--batch 1 8] [--sizes small large] [--device cpu]
+    spec-ar bench overhead [--batch 1 8] [--sizes small large] [--device cpu]     (make bench)
 
 The synthetic model (loaders/synthetic.py) has the vocabulary of LlamaGen
 (16384 codes, a 16x16 grid at 256 px); ``--sizes`` picks its cost: ``small``
@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from spec_ar.loaders.synthetic import SyntheticAdapter
-from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
-from spec_ar.sampling.neighbours import TokenGeometry
+from ..loaders.synthetic import SyntheticAdapter
+from ..sampling import DecodeConfig, SpeculativeDecoder
+from ..sampling.neighbours import TokenGeometry
 
 SIZES = {"small": (256, 2), "large": (768, 12)}  # (hidden, layers)
 MODES = {
@@ -50,15 +50,16 @@ def forward_ms(model, batch, window, device):
     return statistics.median(times) * 1000
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="spec-ar bench overhead", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--modes", nargs="+", default=list(MODES))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     print(f"device {device} ({dtype}), torch {torch.__version__}, threads {torch.get_num_threads()}")
@@ -77,6 +78,7 @@ def main():
         t = time.perf_counter()
     print("GSD: no table; distances for the d filter come from the codebook vectors "
           f"({16384 * 8 * 4 / 2**20:.2f} MiB for 16384 x 8 float32)")
+    return 0
 
 
 def report(model, size, batch, args, device):
@@ -89,11 +91,7 @@ def report(model, size, batch, args, device):
         dec = SpeculativeDecoder(model, cfg)
         runs = [dec.generate(list(range(batch)), seeds=100 * r).reports[0] for r in range(args.repeats)]
         rep = min(runs, key=lambda r: r.latency_s)
-        steps = len(rep.steps)
+        steps = len(rep.step_kinds)
         print(f"{name:16} {rep.nfe:6d} {rep.tokens_per_forward:8.2f} {rep.latency_s * 1e3:11.1f} "
               f"{rep.model_time_s * 1e3:9.1f} {rep.engine_time_s * 1e3:10.1f} "
               f"{rep.engine_time_s * 1e3 / steps:15.2f} {rep.engine_time_s / rep.latency_s:13.1%}")
-
-
-if __name__ == "__main__":
-    main()

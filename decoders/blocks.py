@@ -1,0 +1,84 @@
+"""Building blocks both VQ decoders use (taming-transformers' diffusionmodules design).
+
+LlamaGen's tokenizer (``vq16.py``) and Meta's Chameleon VQGAN (``vqgan.py``) come
+from the same code, and these blocks carry the same parameter names in both
+checkpoints (``norm1``, ``conv1``, ``nin_shortcut``, ``q``/``k``/``v``/``proj_out``,
+``conv`` of a resampler), so one definition loads either file unchanged.
+
+What is not here differs in the checkpoints' key names and stays with each
+decoder: how blocks group into levels (LlamaGen's ``conv_blocks.N.res.M`` against
+taming's ``down.N.block.M`` / ``up.N.block.M``), the middle section (LlamaGen's
+``mid.0``/``mid.1``/``mid.2`` against taming's ``mid.block_1``/``attn_1``/``block_2``)
+and the quantizer (LlamaGen L2-normalises its codebook; Chameleon's is used as is).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
+
+
+def swish(x):
+    return x * torch.sigmoid(x)
+
+
+class ResnetBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, dropout: float = 0.0):
+        super().__init__()
+        self.norm1, self.conv1 = norm(cin), nn.Conv2d(cin, cout, 3, padding=1)
+        # dropout has no parameters: LlamaGen's checkpoints (which have none) load alike
+        self.norm2, self.dropout, self.conv2 = norm(cout), nn.Dropout(dropout), nn.Conv2d(cout, cout, 3, padding=1)
+        self.nin_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
+
+    def forward(self, x):
+        h = self.conv1(swish(self.norm1(x)))
+        h = self.conv2(self.dropout(swish(self.norm2(h))))
+        return h + (x if self.nin_shortcut is None else self.nin_shortcut(x))
+
+
+class AttnBlock(nn.Module):
+    """Single-head self-attention over the pixels of a feature map."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.norm = norm(c)
+        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        y = self.norm(x)
+        q, k, v = (m(y).flatten(2).transpose(1, 2).unsqueeze(1) for m in (self.q, self.k, self.v))  # [b, 1, hw, c]
+        y = F.scaled_dot_product_attention(q, k, v).squeeze(1)
+        return x + self.proj_out(y.transpose(1, 2).reshape(b, c, h, w))
+
+
+class Upsample(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Downsample(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, stride=2, padding=0)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (0, 1, 0, 1)))  # right/bottom padding only, as taming
+
+
+#: live full-resolution tensors in a VQ decoder's last level (input, norm, activation, conv outputs)
+DECODER_LIVE_TENSORS = 8
+
+
+def decoder_bytes(pixels: int, channels: int, itemsize: int) -> int:
+    """An estimate of a VQ decoder's peak activations for one image of ``pixels``
+    pixels whose last level has ``channels`` channels."""
+    return DECODER_LIVE_TENSORS * pixels * channels * itemsize

@@ -1,0 +1,146 @@
+"""The decode state: what the engine, draft sources and schedules share for one batch.
+
+Positions are *stream* positions (structural tokens included), ``0 .. length-1``;
+per sample ``b`` the state tracks how many are **committed** (final) and how
+many the adapter has **cached**.  Tensors live on the model's device; the
+``host_*`` lists mirror some of them and are refreshed by the one host
+synchronisation per step, so code that needs a Python int reads those.
+
+What a **draft source** (``drafts.py``; a new one needs this file only) may use:
+
+==================  =============================  =====================================================
+name                shape / type                   meaning (R = read, W = write)
+==================  =============================  =====================================================
+``seq``             int64 ``[B, length + pad]``    R/W tokens by position: committed ones, then drafts
+``ring``            f32 ``[B, ring_size + 1, V]``  R/W ``q`` of the draft at position ``t`` in slot
+                                                   ``t % ring_size`` (committed ones keep their ``p``);
+                                                   slot ``ring_size`` absorbs masked writes
+``draft_end``       int64 ``[B]``                  R/W drafts exist at positions before it
+``host_draft_end``  ``list[int]``                  R/W its host mirror
+``informed_end``    int64 ``[B]``                  W drafts before it came from a model pass and may be
+                                                   committed unverified by a skipping schedule
+``window_positions``int64 ``[B, L]``               R input positions of the forward just judged
+``n_committed``,    int64 ``[B]``, ``list[int]``   R committed prefix length (and host mirror)
+``host_committed``
+``n_cached``,       int64 ``[B]``, ``list[int]``   R positions in the adapter's cache
+``host_cached``
+``step``            int                            R decoding step (0: the prefill)
+``keys``            int64 ``[B]``                  R per-sample random keys: ``rng.uniform(keys, step,
+                                                   stream, positions)``
+``forced_at``       int64 ``[length + pad]``       R forced token per position, -1 where free
+``prev_free``       int64 ``[length + pad]``       R nearest free position ``<= t``
+``image_ids``       int64 ``[N]``                  R the token ids allowed at free positions
+``layout``          :class:`~.adapter.TokenLayout` R raster geometry (``row_stride``, ``grid``)
+``batch_idx``       int64 ``[B, 1]``               R ``arange(B)`` for advanced indexing
+``scratch``         int                            R a ``seq`` column that absorbs masked writes
+``arange(n)``       int64 ``[n]``                  R a cached ``arange``
+==================  =============================  =====================================================
+
+A **schedule** (``schedule.py``) reads the same plus ``produced``/``verified``
+(tokens committed by and number of verified forwards, for the mean accepted
+length), ``verified_since_skip``, ``max_commit`` and :meth:`commit_lengths`.
+Everything else is the engine's own.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import rng
+from .config import DecodeConfig
+
+
+class Sizes(NamedTuple):
+    """How far a configuration looks ahead (all in stream positions)."""
+
+    drafts: int  # draft tokens per window (0: plain AR)
+    skips: bool  # a schedule may commit drafts without a forward
+    max_commit: int  # longest unverified commit
+    horizon: int  # drafts kept past the committed prefix
+    max_window: int  # longest forward window
+    pad: int  # positions past the stream that windows may touch
+    ring_size: int  # slots of the ring of draft distributions
+
+    @classmethod
+    def of(cls, config: DecodeConfig, layout) -> "Sizes":
+        drafts = config.drafts
+        skips = config.verify_schedule != "every" and drafts > 0
+        max_commit = drafts + 1 if skips else 0
+        horizon = drafts + max_commit
+        max_window = drafts + 1 + max_commit
+        pad = 2 * (max_window + horizon) + 4
+        above = layout.row_stride if config.init.endswith("above") else 0  # *-above reads one row back
+        return cls(drafts, skips, max_commit, horizon, max_window, pad, above + pad)
+
+
+class DecodeState:
+    """Per-batch decoding state (see the module docstring for the public part)."""
+
+    def __init__(self, adapter, config: DecodeConfig, seeds, device, geometry):
+        lay = adapter.layout
+        self.layout, self.length = lay, lay.length
+        self.batch = len(seeds)
+        self.seeds = seeds
+        self.keys = rng.seed_keys(seeds, device)
+        self.batch_idx = torch.arange(self.batch, device=device).unsqueeze(1)
+        sizes = Sizes.of(config, lay)
+        self.drafts, self.skips, self.max_commit = sizes.drafts, sizes.skips, sizes.max_commit
+        self.horizon, self.max_window, self.ring_size = sizes.horizon, sizes.max_window, sizes.ring_size
+        self.forced_at = torch.cat([lay.forced, torch.full((sizes.pad,), -1, dtype=torch.long)]).to(device)
+        free = torch.where(self.forced_at < 0, torch.arange(self.forced_at.numel(), device=device), -1)
+        self.prev_free = torch.cummax(free, 0).values  # nearest free position <= t
+        self.image_ids = torch.nonzero(lay.image_tokens).flatten().to(device)
+        self.seq = self.image_ids[0].repeat(self.batch, self.length + sizes.pad)  # pad: any image token
+        self.scratch = self.length + sizes.pad - 1  # a seq column that absorbs masked writes; never read
+        self.ring = (torch.zeros(self.batch, self.ring_size + 1, adapter.vocab_size, device=device)
+                     if self.drafts else None)
+        self.geometry = geometry
+        zeros = torch.zeros(self.batch, dtype=torch.long, device=device)
+        self.n_cached, self.n_committed = zeros.clone(), zeros.clone()
+        self.draft_end = zeros.clone()
+        self.informed_end = zeros.clone()
+        self.produced = zeros.clone()
+        self.verified = zeros.clone()
+        self.host_cached = [0] * self.batch
+        self.host_committed = [0] * self.batch
+        self.host_draft_end = [0] * self.batch
+        self.aranges: dict[int, torch.Tensor] = {}
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.vocab = adapter.vocab_size
+        self.any_forced = bool((lay.forced >= 0).any())  # some positions hold a forced token
+        self.step = 0
+        self.bad_step = torch.full((self.batch,), -1, dtype=torch.long, device=device)  # AR: first NaN step
+        self.verified_since_skip = 0
+        self.window_positions = None
+        # (kind, committed before, committed after, rejected, position of the drawn
+        # token) per step: origins, histograms and counts are rebuilt from it once
+        # decoding ends (report.build_reports)
+        self.log: list[tuple] = []
+
+    def buffer(self, name: str, rows: int) -> torch.Tensor:
+        """A reusable ``[B, rows, V]`` float32 buffer (CPU allocations of this size
+        cost page faults on every step)."""
+        n = self.batch * rows * self.vocab
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < n:
+            buf = self.buffers[name] = torch.empty(self.batch * self.max_window * self.vocab,
+                                                   device=self.n_cached.device)
+        return buf[:n].view(self.batch, rows, self.vocab)
+
+    def arange(self, n: int) -> torch.Tensor:
+        if n not in self.aranges:
+            self.aranges[n] = torch.arange(n, device=self.n_cached.device)
+        return self.aranges[n]
+
+    def commit_lengths(self) -> torch.Tensor:
+        """VVS truncation: ``min(informed tail, floor(mean accepted length))``."""
+        mal = torch.div(self.produced, self.verified.clamp(min=1), rounding_mode="floor")
+        tail = self.informed_end - self.n_committed
+        room = self.length - self.n_committed
+        return torch.minimum(torch.minimum(tail, mal), room).clamp(min=0)
+
+    def nbytes(self) -> int:
+        """Bytes of the engine's own tensors (memory reports on the CPU)."""
+        tensors = [self.seq, self.ring] + list(self.buffers.values())
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
