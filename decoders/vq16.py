@@ -152,6 +152,17 @@ class VQModel(nn.Module):
         z = F.normalize(self.quant_conv(self.encoder(images)), dim=1)
         return torch.einsum("bchw,nc->bnhw", z, self.quantize.codebook()).argmax(1)
 
+    def set_decoder_padding(self, mode: str) -> "VQModel":
+        """``zeros`` (LlamaGen's) or ``replicate`` for the decoder's 3x3 convolutions.
+        Zero padding lets a decoder tell where the border is, and an undertrained one
+        can keep a glitch there that costs little loss on average (the embedded
+        model's top-right corner); with replicate padding a uniform code grid decodes
+        to a uniform image, whatever the weights."""
+        for m in self.decoder.modules():
+            if isinstance(m, nn.Conv2d) and m.padding != (0, 0):
+                m.padding_mode = mode
+        return self
+
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes ``[B, h, w]`` (raster order) -> images ``[B, 3, 16h, 16w]``, about
         [-1, 1] (not clamped)."""

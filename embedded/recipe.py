@@ -27,6 +27,10 @@ class Recipe:
     vq_lr: float = 4e-4
     commit: float = 0.25
     object_weight: float = 6.0  # extra reconstruction weight on (and just around) the object
+    # the decoder, on the codes of the dataset: replicate padding, then fine-tuned (train_decoder)
+    vq_decoder_padding: str = "replicate"
+    vq_decoder_steps: int = 800
+    vq_decoder_lr: float = 2e-4
     # text encoder and GPT
     text_dim: int = 128
     text_layers: int = 2
