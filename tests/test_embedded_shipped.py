@@ -1,6 +1,7 @@
 """The weights that ship in embedded/weights: they load, draw what is asked, and
 the quality measure can tell good samples from bad ones."""
 import numpy as np
+import torch
 import pytest
 
 from spec_ar.embedded import domain, judge as judging
@@ -54,3 +55,14 @@ def test_the_quality_measure_ranks_corrupted_samples_below_real_ones(judge):
     f_real, f_again, f_bad = (judging.image_features(judge, x) for x in (real, again, corrupted))
     assert judging.frechet_distance(f_again, f_real) * 3 < judging.frechet_distance(f_bad, f_real)
     assert judging.adherence(judge, corrupted, prompts)["all"] + 0.3 < judging.adherence(judge, again, prompts)["all"]
+
+
+def test_the_decoder_has_no_border_effect_a_grid_of_one_code_decodes_to_one_colour(model):
+    """The decoder stage's replicate padding: nothing in the decoder knows where the
+    borders are (with zero padding, a corner stripe and a dark frame showed up here)."""
+    grid = model.info["grid"]
+    codes = torch.arange(0, 512, 37).view(-1, 1, 1).expand(-1, grid, grid)
+    images = model.decode(codes).float()  # (n, 3, H, W), -1..1
+    deviation = (images - images.flatten(2).median(-1).values[..., None, None]).abs()
+    assert (images.flatten(1).std(0) > 0).any()  # the codes decode to different colours
+    assert deviation.amax() < 1e-3, deviation.amax()
