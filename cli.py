@@ -42,8 +42,8 @@ def _config_args(ap: argparse.ArgumentParser):
     defaults = DecodeConfig()
     for k in KNOBS.values():
         default = getattr(defaults, k.name)
-        shown = ("the family's" if k.name in SAMPLING_FALLBACK else "the mode's" if default is None and k.choices
-                 else "none" if default is None else default)
+        shown = ("the family's" if k.name in SAMPLING_FALLBACK else k.unset if default is None and k.unset
+                 else "the mode's" if default is None and k.choices else "none" if default is None else default)
         group.add_argument(k.option, dest=k.name, default=None, metavar=k.symbol.upper() if not k.choices else None,
                            choices=[c for c in k.choices if c is not None] if k.choices else None,
                            help=f"{k.help} ({'' if k.choices else k.range_text() + '; '}default {shown})")

@@ -7,7 +7,8 @@ The synthetic model (loaders/synthetic.py) has the vocabulary of LlamaGen
 (hidden 256, 2 layers: a window forward of ~4 ms at batch 1 on a 2-core CPU) and
 ``large`` (hidden 768, 12 layers: ~18 ms).  Each window forward is timed and
 printed so the share can be read against it.  Decoding uses LlamaGen's t2i
-sampling defaults (CFG 7.5, top-k 1000) and a window of 16.  Also prints the
+sampling defaults (CFG 7.5, top-k 1000) and a window of 16; ``sjd-none`` /
+``sjd-maximal`` / ``sjd-gumbel`` isolate what coupled drafting costs per step.  Also prints the
 LANTERN table memory for a 16384-token codebook.
 """
 from __future__ import annotations
@@ -26,6 +27,10 @@ SIZES = {"small": (256, 2), "large": (768, 12)}  # (hidden, layers)
 MODES = {
     "ar": dict(mode="ar"),
     "sjd": dict(mode="sjd"),
+    # the cost of coupling itself: the same window and init, drafts redrawn three ways
+    "sjd-none": dict(mode="sjd", init="random", draft_coupling="none"),
+    "sjd-maximal": dict(mode="sjd", init="random", draft_coupling="maximal"),
+    "sjd-gumbel": dict(mode="sjd", init="random", draft_coupling="gumbel"),
     "gsd": dict(mode="gsd", group_size=10),
     "lantern": dict(mode="lantern"),
     "vvs": dict(mode="vvs"),

@@ -135,6 +135,9 @@ def markdown(results: dict, charts: list[str]) -> str:
     q = all("adherence" in r for r in runs.values())
     nll = all("target_nll" in r for r in runs.values())  # older results.json files lack it
     rss = all("peak_rss_mb" in r for r in runs.values())  # Linux only; older files lack it
+    stab = all("draft_stability" in r for r in runs.values())  # older files lack these
+    per_fwd = all("engine_ms_per_forward" in r for r in runs.values())
+    batches = sorted({int(b) for r in runs.values() for b in r.get("batches", {})})
     lines = [f"Model: {results['model']} on {results['device']} ({results['dtype']}, torch {results['torch']}, "
              f"{results['threads']} threads). Latency: batch 1, median over {len(results['prompts'])} prompts x "
              f"seeds {results['seeds']} x {results['repeats']} repeats (device-synchronised), spread = "
@@ -142,15 +145,22 @@ def markdown(results: dict, charts: list[str]) -> str:
              *([f"CPU only: no CUDA device on this machine ({results.get('cpu', 'CPU')}); on a GPU the same command "
                 "runs in bfloat16 and the model share of each step grows.", ""] if results["device"] == "cpu"
                else []),
-             "| setting | NFE | NFE reduction | tokens/forward | MAL | latency ms (IQR) | speed-up | outside forwards "
-             "| memory MB |" + (" peak RSS MB |" if rss else "") + (" target NLL |" if nll else "")
+             "| setting | NFE | NFE reduction | tokens/forward | MAL |" + (" drafts kept |" if stab else "")
+             + " latency ms (IQR) | speed-up |" + "".join(f" batch {b}: ms / speed-up |" for b in batches)
+             + " outside forwards |" + (" engine ms / forward |" if per_fwd else "")
+             + " memory MB |" + (" peak RSS MB |" if rss else "") + (" target NLL |" if nll else "")
              + (" adherence | colour / shape / position | FD to real | FD to `ar` |" if q else ""),
-             "|" + "---|" * (9 + rss + nll + 4 * q)]
+             "|" + "---|" * (9 + stab + len(batches) + per_fwd + rss + nll + 4 * q)]
     for label, r in runs.items():
         row = (f"| {label} | {r['nfe']:.1f} | {r['nfe_reduction']:.2f}x | {r['tokens_per_forward']:.2f} | "
-               f"{r['mean_accepted_length']:.2f} | {r['latency_median_s'] * 1e3:.0f} "
-               f"({r['latency_q1_s'] * 1e3:.0f}-{r['latency_q3_s'] * 1e3:.0f}) | {r['speedup']:.2f}x | "
-               f"{r['outside_forwards']:.0%} | {r['memory_mb']:.1f} |")
+               f"{r['mean_accepted_length']:.2f} |" + (f" {r['draft_stability']:.0%} |" if stab else "")
+               + f" {r['latency_median_s'] * 1e3:.0f} ({r['latency_q1_s'] * 1e3:.0f}-{r['latency_q3_s'] * 1e3:.0f}) "
+               f"| {r['speedup']:.2f}x |")
+        for b in batches:
+            at = r.get("batches", {}).get(str(b))
+            row += f" {at['latency_median_s'] * 1e3:.0f} / {at['speedup']:.2f}x |" if at else " - |"
+        row += f" {r['outside_forwards']:.0%} |" + (f" {r['engine_ms_per_forward']:.2f} |" if per_fwd else "")
+        row += f" {r['memory_mb']:.1f} |"
         if rss:
             row += f" {r['peak_rss_mb']:.0f} |"
         if nll:
@@ -161,6 +171,12 @@ def markdown(results: dict, charts: list[str]) -> str:
             fd_ar = "-" if label == "ar" else f"{r['fd_to_ar']:.1f}"
             row += f" {r['adherence']:.1%} | {parts} | {r['fd']:.1f} | {fd_ar} |"
         lines.append(row)
+    if stab:
+        lines += ["", "Drafts kept: the share of re-drafted positions whose draft survived a pass unchanged "
+                      "(draft stability; coupled drafting raises it)."]
+    if batches:
+        lines += ["", "Batch B: latency of a whole batch of B images (the prompt list cycled; median over the "
+                      "repeats) and the speed-up against `ar` at the same batch size."]
     if rss:
         lines += ["", "Memory MB: engine state and KV cache at the end of a run on CPU, peak allocated on CUDA. "
                       "Peak RSS MB: the whole process's peak resident memory during a run (weights included)."]

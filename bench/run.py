@@ -121,6 +121,8 @@ def _speed_row(reports) -> dict:
             "latency_median_s": statistics.median(lat), "latency_q1_s": float(q1), "latency_q3_s": float(q3),
             "latency_min_s": min(lat), "latency_max_s": max(lat),
             "outside_forwards": float(np.mean([r.engine_time_s / r.latency_s for r in reports])),
+            "engine_ms_per_forward": float(np.mean([r.engine_time_s / r.nfe for r in reports])) * 1e3,
+            "draft_stability": float(np.mean([r.draft_stability for r in reports])),
             "memory_mb": max(r.memory_mb for r in reports),
             "runs": len(reports)}
 
@@ -170,6 +172,27 @@ def scaling_batch(model, modes, prompts, log) -> dict:
                          "nfe": float(np.mean([r.nfe for r in res.reports]))}
         out[batch] = row
         log(f"  batch {batch}: " + "  ".join(f"{m} {v['images_per_s']:.2f} img/s" for m, v in row.items()))
+    return out
+
+
+def batch_speed(model, configs: dict[str, DecodeConfig], prompts, batch: int, repeats: int, log=None) -> dict:
+    """Batch-of-``batch`` runs (the prompt list cycled), settings taking turns: latency
+    of the whole batch and images per second, median over ``repeats``."""
+    decoders = {label: SpeculativeDecoder(model.adapter, config) for label, config in configs.items()}
+    chunk = (list(prompts) * batch)[:batch]
+    for decoder in decoders.values():
+        decoder.generate(chunk, seeds=0)  # warm-up
+    runs: dict[str, list] = {label: [] for label in configs}
+    for rep in range(repeats):
+        for label, decoder in decoders.items():
+            runs[label].append(decoder.generate(chunk, seeds=1000 * (rep + 1)).reports)
+    out = {}
+    for label, reps in runs.items():
+        lat = statistics.median(r[0].latency_s for r in reps)
+        out[label] = {"batch": batch, "latency_median_s": lat, "images_per_s": batch / lat,
+                      "nfe": float(np.mean([x.nfe for r in reps for x in r]))}
+    if log:
+        log(f"  batch {batch}: " + "  ".join(f"{k} {v['images_per_s']:.2f} img/s" for k, v in out.items()))
     return out
 
 
@@ -227,10 +250,18 @@ def run(args, log=print) -> dict:
         extra = {f"vvs on {best}": dataclasses.replace(configs[best], schedule="uniform").validate(),
                  f"vvs-sim on {best}": dataclasses.replace(configs[best], schedule="similarity").validate()}
         measure({label: c for label, c in extra.items() if label not in results["runs"]})
+        configs = {**extra, **configs}
+    for batch in sorted(set(args.batch) - {1}):
+        log(f"batch {batch} ({args.repeats} repeats):")
+        measured = {label: configs[label] for label in results["runs"]}
+        for label, row in batch_speed(model, measured, prompts, batch, args.repeats, log).items():
+            results["runs"][label].setdefault("batches", {})[str(batch)] = row
     ar = results["runs"]["ar"]
     for row in results["runs"].values():
         row["nfe_reduction"] = ar["nfe"] / row["nfe"]
         row["speedup"] = ar["latency_median_s"] / row["latency_median_s"]
+        for b, at in row.get("batches", {}).items():
+            at["speedup"] = ar["batches"][b]["latency_median_s"] / at["latency_median_s"]
     if args.scaling:
         log("scaling with image tokens (synthetic model):")
         results["scaling_tokens"] = scaling_tokens(args.modes, device, log)
@@ -262,6 +293,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quality-images", type=int, default=200)
     ap.add_argument("--quality-batch", type=int, default=50)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1], metavar="B",
+                    help="batch sizes to time (batch 1 always; larger ones: batch latency and images/s per setting)")
     ap.add_argument("--scaling", action="store_true")
     ap.add_argument("--no-skip-on-best", dest="skip_on_best", action="store_false",
                     help="do not add VVS skipping (uniform and similarity) on the best relaxed setting")

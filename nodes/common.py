@@ -15,8 +15,8 @@ EMBEDDED = "embedded (ships with the pack)"
 BUILT_IN = "built-in (from the model)"
 NO_FILE = "(none: use the text box)"
 MODEL_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt", ".bin")
-#: a combo's entry for an optional knob left to the mode (the schedule)
-AUTO = "auto (the mode's)"
+#: a combo's entry for an optional knob left on auto (the schedule: the mode's; draft init: the coupling's)
+AUTO = "auto"
 #: the sampler's switch between the family's reference sampling settings and its own widgets
 FAMILY_DEFAULTS = "family_defaults"
 
@@ -108,6 +108,8 @@ def sampler_widgets() -> list[dict]:
             continue
         default = SAMPLING_FALLBACK.get(k.name, getattr(defaults, k.name))
         tip = f"{k.help}. Symbol {k.symbol}; {k.range_text()}."
+        if k.unset and k.widget == "combo":
+            tip += f" {AUTO}: {k.unset.split(': ', 1)[1]}."
         if k.name in SAMPLING_FALLBACK:
             tip += f" Used when {FAMILY_DEFAULTS} is off."
         w = {"label": k.label, "field": k.name, "widget": k.widget, "uses": list(k.uses), "tooltip": tip}
@@ -119,7 +121,7 @@ def sampler_widgets() -> list[dict]:
             w.update(kind=k.kind, min=0 if off else k.lo, max=k.hi, step=k.step or 1,
                      default=0 if default is None and off else default)
             if off:
-                w.update(off=0, tooltip=w["tooltip"] + " 0 = off.")
+                w.update(off=0, tooltip=w["tooltip"] + f" 0 = {k.unset or 'off'}.")
         out.append(w)
     return out
 

@@ -38,9 +38,13 @@ MODE_HELP = {
 ACCEPTANCE_RULES = ("exact", "grouped", "latent")
 SCHEDULES = ("every", "uniform", "similarity")
 DRAFT_INITS = ("random", "repeat-left", "repeat-above", "sample-left", "sample-above")
+DRAFT_COUPLINGS = ("none", "maximal", "gumbel")
 #: settings a family may default (``ImageAdapter.sampling_defaults``), and their values where it does not
 SAMPLING_FALLBACK = {"cfg_scale": 1.0, "top_k": None, "top_p": 1.0, "temperature": 1.0}
 SAMPLING_FIELDS = tuple(SAMPLING_FALLBACK)
+#: window and draft init where left on auto, by drafting: SJD's published values for independent
+#: drafts; for coupled ones the values measured best on the embedded model (docs/benchmarks.md)
+DRAFTING_PRESETS = {"independent": (16, "random"), "coupled": (32, "sample-left")}
 #: how each surface names a knob in messages: the field, the command-line option, the node's widget
 SURFACES = ("api", "cli", "node")
 
@@ -71,6 +75,7 @@ class Knob:
     widget: str | None = "slider"  # "slider", "number", "combo" or None
     optional: bool = False  # None is a value (off / the family's default)
     aliases: tuple[str, ...] = ()  # more names bench sweeps accept
+    unset: str = ""  # what None means where it is not "off" (auto: ...)
     name: str = ""  # the field's name and value type ("int", "float", "str"), filled in from the field
     kind: str = ""
 
@@ -121,12 +126,23 @@ class DecodeConfig:
                             "i-th step commits drafts unverified) or similarity skipping (when the drafts' paths "
                             "agree); VVS's skipping on any mode")
     # Jacobi drafting
-    window: int = knob(16, symbol="L", label="window", uses=("drafts",), lo=1, hi=256, step=1,
-                       help="draft tokens scored per forward (SJD: 16, where its gains saturate)")
-    init: str = knob("random", symbol="init", label="draft_init", uses=("drafts",), choices=DRAFT_INITS,
-                     widget="combo", help="how new draft positions start: a random image token (SJD's default), "
-                                          "a copy of the token to the left / above, or a sample from its "
-                                          "distribution")
+    window: int | None = knob(
+        None, symbol="L", label="window", uses=("drafts",), lo=1, hi=256, step=1, optional=True,
+        unset="auto: 32 with coupled drafts, 16 without (SJD's)",
+        help="draft tokens scored per forward (SJD's independent drafts gain little past 16; coupled ones keep "
+             "gaining to 32)")
+    init: str | None = knob(
+        None, symbol="init", label="draft_init", uses=("drafts",), choices=(None,) + DRAFT_INITS, widget="combo",
+        optional=True, unset="auto: sample-left with coupled drafts, random without (SJD's)",
+        help="how new draft positions start: a random image token (SJD's default), a copy of the token to the "
+             "left / above, or a sample from its distribution")
+    draft_coupling: str = knob(
+        "maximal", symbol="coupling", label="draft_coupling", uses=("drafts",), choices=DRAFT_COUPLINGS,
+        widget="combo",
+        help="how a position's draft is drawn again after a pass: coupled with its previous draft so it changes "
+             "only as much as its distribution did (maximal, the default, or gumbel: MC-SJD), or independently "
+             "(none: SJD as published, with window and init on auto its window 16 and random init); every "
+             "choice is lossless")
     # GSD
     group_size: int = knob(10, symbol="G", label="G", uses=("grouped",), lo=1, hi=1000, step=1,
                            help="GSD group size: the tokens ranked around a draft that count with it (paper: 10 "
@@ -180,15 +196,24 @@ class DecodeConfig:
         return self.schedule or MODES.get(self.mode, ("exact", "every"))[1]
 
     @property
+    def drafting(self) -> tuple[int, str]:
+        """(window, init), auto ones filled in for the draft coupling."""
+        window, init = DRAFTING_PRESETS["independent" if self.draft_coupling == "none" else "coupled"]
+        return (window if self.window is None else self.window, init if self.init is None else self.init)
+
+    @property
     def drafts(self) -> int:
         """Draft tokens per window (0 in ``ar`` mode)."""
-        return 0 if self.mode == "ar" else self.window
+        return 0 if self.mode == "ar" else self.drafting[0]
 
     def with_defaults(self, defaults: dict | None) -> "DecodeConfig":
-        """Fill unset sampling settings from a family's defaults, then globally."""
+        """Fill unset sampling settings from a family's defaults, then globally, and the
+        drafting's auto window and init."""
         base = dict(SAMPLING_FALLBACK)
         base.update({k: v for k, v in (defaults or {}).items() if k in base})
-        return replace(self, **{k: base[k] for k in SAMPLING_FIELDS if getattr(self, k) is None})
+        window, init = self.drafting
+        return replace(self, window=window, init=init,
+                       **{k: base[k] for k in SAMPLING_FIELDS if getattr(self, k) is None})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -259,14 +284,15 @@ def check(k: Knob, value, surface: str = "api") -> None:
     ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
     if not ok or (isinstance(value, float) and math.isnan(value)) or not k.lo <= value <= k.hi:
         kind = "an integer" if integer else "a number"
-        extra = "; none disables it" if k.optional and k.name not in SAMPLING_FIELDS else ""
+        extra = ("" if not k.optional or k.name in SAMPLING_FIELDS else
+                 f"; none is {k.unset.split(':')[0]}" if k.unset else "; none disables it")
         raise ConfigError(f"{name} must be {kind} {k.range_text()}{extra} (got {shorten(value)})")
 
 
 def parse(k: Knob, text: str, surface: str = "api"):
     """A knob's value from text (command line, bench sweeps): ``none`` for an
     optional knob, else its type; checked against its range."""
-    if k.optional and text.strip().lower() in ("none", "off"):
+    if k.optional and text.strip().lower() in ("none", "off", "auto"):
         return None
     if k.kind in ("int", "float"):
         try:

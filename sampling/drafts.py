@@ -43,8 +43,12 @@ class DraftSource(Protocol):
     def extend(self, st: DecodeState, start: torch.Tensor, stop: torch.Tensor, width: int) -> None: ...
 
 
+COUPLINGS = ("none", "maximal", "gumbel")
+
+
 class JacobiDrafts:
-    """Speculative Jacobi drafting (Teng et al., ICLR 2025, sec. 4).
+    """Speculative Jacobi drafting (Teng et al., ICLR 2025, sec. 4), optionally with
+    coupled re-drafting (MC-SJD: So, Kook, Jang, Park, arXiv 2510.24211).
 
     Initialisations for new window positions (sec. 4.2):
 
@@ -59,25 +63,106 @@ class JacobiDrafts:
     copy's own probability would not be).  Sampled ones carry the source row.
     Structural positions take their forced token.  Where no source exists (the
     first row for ``*-above``) the draft is random.
+
+    After a pass, every position after the first unverified one gets a new draft
+    from the pass's row ``p_new`` for it, which becomes the draft's ``q``.  How it
+    is drawn (``coupling``):
+
+    * ``none``: independently (SJD as published), so a draft far ahead changes at
+      almost every pass even where ``p_new`` hardly moved;
+    * ``maximal``: coupled with the position's previous draft ``x`` (drawn from
+      ``q_old``): keep ``x`` with probability ``min(1, p_new(x) / q_old(x))``, else
+      draw from ``norm(max(0, p_new - q_old))``.  The new draft is exactly
+      ``p_new``-distributed and equal to ``x`` as often as any coupling allows
+      (``1 - TV(p_new, q_old)``);
+    * ``gumbel``: ``argmax_i p_new(i) / e_i`` with exponential noise ``e`` fixed per
+      (image, position): the Gumbel-max sample of ``p_new``, so drafts agree
+      across passes whenever the argmax does (at least ``(1 - TV) / (1 + TV)``).
+
+    Either way the next verification compares the draft with ``q = p_new``, the
+    distribution it was drawn from, so acceptance stays exact.  Where we depart
+    from the authors' code: their Lumina-mGPT and Janus schedulers keep ``q_old``
+    as the ``q`` of a kept draft, which biases the output (the kept draft is
+    ``p_new``-distributed); their Cosmos sampler, and this class, use ``p_new``.
+    Positions drafted for the first time by a pass (the window's last row) draw
+    independently under ``maximal`` (there is no previous draft to couple with)
+    and with their fixed noise under ``gumbel``.  The gumbel noise comes from a
+    generator per image, drawn position by position in order, so an image's
+    drafts do not depend on its batch; the paper's reference draws it from a
+    table refilled each step.  ``st.drafts_redrawn`` / ``st.drafts_kept`` count
+    re-drafted positions and those whose draft survived (the report's draft
+    stability).  Under ``maximal`` only the positions that lose their draft build
+    and sample a residual (their rows are picked with ``nonzero``: on CUDA one
+    more host sync per pass, in exchange for no pass over the vocabulary at
+    positions that keep theirs).
     """
 
-    def __init__(self, init: str):
-        self.init = init
+    def __init__(self, init: str, coupling: str = "none"):
+        self.init, self.coupling = init, coupling
 
     def after_verify(self, st, probs, samples, first_new):
-        # Jacobi: positions after the first unverified one take this pass's
-        # samples, and the pass's rows become their q.  Rows of committed
-        # positions are kept too: sample-left/above draw from them.
-        pos = st.window_positions + 1
+        pos = st.window_positions + 1  # the positions the window's rows predict
         L = pos.shape[1]
         tail = st.arange(L).unsqueeze(0) > first_new.unsqueeze(1)
-        st.seq.scatter_(1, pos, torch.where(tail, samples, st.seq.gather(1, pos)))
+        old = st.seq.gather(1, pos)
+        had = pos < st.draft_end.unsqueeze(1)  # holds a draft from before this pass
+        if self.coupling == "maximal":
+            new = self._maximal(st, probs, samples, pos, old, had, tail)
+        elif self.coupling == "gumbel":
+            new = self._gumbel(st, probs, pos, L)
+        else:
+            new = samples
+        redrawn = tail & had
+        st.drafts_redrawn += redrawn.sum(1)
+        st.drafts_kept += (redrawn & (new == old)).sum(1)
+        st.seq.scatter_(1, pos, torch.where(tail, new, old))
+        # the pass's rows become the q of the new drafts; committed positions keep
+        # theirs too: sample-left/above draw from them
         st.ring[st.batch_idx, pos % st.ring_size] = probs
-        # every position the pass predicted now holds a draft drawn from the pass
         end = pos[:, -1] + 1
         st.draft_end = torch.maximum(st.draft_end, end)
         st.informed_end = torch.maximum(st.informed_end, end)
         st.host_draft_end = [max(d, c + L + 1) for d, c in zip(st.host_draft_end, st.host_cached)]
+
+    @staticmethod
+    def _maximal(st, probs, samples, pos, old, had, tail):
+        V = probs.shape[-1]
+        ring = st.ring.view(-1, V)
+        slots = (st.batch_idx * st.ring.shape[1] + pos % st.ring_size).view(-1)  # the previous drafts' q rows
+        u = rng.uniform(st.keys, st.step, rng.COUPLE, pos, lanes=2)
+        p_x = probs.gather(-1, old.unsqueeze(-1)).squeeze(-1)
+        q_x = ring.view(-1)[slots * V + old.view(-1)].view_as(p_x)
+        keep = u[..., 0] * q_x < p_x  # u < p_new(x) / q_old(x)
+        new = torch.where(had, old, samples)
+        # only the re-drafted positions that lose their draft pass over the vocabulary
+        # (p_new == q_old leaves no residual, and then x is always kept)
+        redo = (tail & had & ~keep).view(-1).nonzero().squeeze(1)
+        n = redo.numel()
+        residual = st.buffer("couple_residual", pos.shape[1]).view(-1, V)[:n]
+        q_old = st.buffer("couple_q_old", pos.shape[1]).view(-1, V)[:n]
+        torch.index_select(probs.reshape(-1, V), 0, redo, out=residual)
+        torch.index_select(ring, 0, slots[redo], out=q_old)
+        residual.sub_(q_old).clamp_(min=0.0)
+        draws = rng.categorical(residual, u.view(-1, 2)[redo, 1:], q_old).squeeze(-1)
+        return new.view(-1).index_copy_(0, redo, draws).view_as(old)
+
+    @staticmethod
+    def _gumbel(st, probs, pos, L):
+        noise = st.source_state.get("gumbel")
+        if noise is None:  # exponential noise by position (a ring like q's) and the next position to fill
+            noise = st.source_state["gumbel"] = {
+                "e": torch.empty(st.batch, st.ring_size + 1, st.vocab, device=probs.device),
+                "end": [0] * st.batch,
+                "gen": [rng.sample_generator(s, rng.COUPLE + 1, probs.device) for s in st.seeds]}
+        for b, (c, e) in enumerate(zip(st.host_cached, noise["end"])):
+            upto = c + L + 1  # the window predicts positions c + 1 .. c + L; fill in position order
+            if upto > e:
+                fresh = torch.rand(upto - e, st.vocab, generator=noise["gen"][b], device=probs.device)
+                slots = torch.arange(e, upto, device=probs.device) % st.ring_size
+                noise["e"][b, slots] = fresh.clamp_(min=1e-38).log_().neg_()
+                noise["end"][b] = upto
+        e = st.rows(noise["e"], pos % st.ring_size, "noise")
+        return torch.div(probs, e, out=e).argmax(-1)
 
     def extend(self, st, start: torch.Tensor, stop: torch.Tensor, width: int):
         """Fresh drafts at positions ``[start[b], stop[b])``; writes past a sample's

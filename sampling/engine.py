@@ -112,7 +112,7 @@ class SpeculativeDecoder:
         self.pipeline = build_pipeline(config, lay, adapter.guidance, adapter.device, pad)
         self.rule = make_rule(config.rule, config, geometry) if config.drafts else None
         self.schedule = make_schedule(config.verify_schedule, config, geometry)
-        self.drafter = drafter or JacobiDrafts(config.init)
+        self.drafter = drafter or JacobiDrafts(config.init, config.draft_coupling)
         self.guided = self.pipeline.guidance.branches > 1
 
     # -- public -------------------------------------------------------------
@@ -140,7 +140,7 @@ class SpeculativeDecoder:
         figure, 0 if it gives none) and the engine's state."""
         ad = self.adapter
         state = state_bytes_per_image(Sizes.of(self.config, ad.layout), ad.vocab_size, ad.branches(self.guided),
-                                      ad.layout.length)
+                                      ad.layout.length, self.config.draft_coupling)
         cache = ad.cache_bytes_per_image(list(conditions), None if negatives is None else list(negatives),
                                          self.guided) or 0
         return {"KV cache": cache, "decoding state": state}

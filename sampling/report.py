@@ -33,6 +33,7 @@ class DecodeReport:
     accepted_length_histogram: list[int]  # index n: verified steps that produced n tokens
     skipped_verifications: int
     unverified_tokens: int  # committed by skipped verifications (structural ones included)
+    draft_stability: float  # share of re-drafted positions whose draft survived a pass (coupled drafts: high)
     origins: list[int]  # one ORIGINS code per stream position
     step_kinds: str  # per step: "P" prefill, "V" verified forward, "S" skipped verification
     latency_s: float
@@ -50,9 +51,11 @@ class DecodeReport:
         return asdict(self)
 
     def summary(self) -> str:
+        drafts = ("" if self.mode == "ar" else f"{self.settings.get('draft_coupling', 'none')} coupling: drafts kept "
+                  f"{self.draft_stability:.0%}, ")
         return (
             f"{self.mode}: {self.tokens} tokens in {self.nfe} forwards "
-            f"({self.tokens_per_forward:.2f} tokens/forward, MAL {self.mean_accepted_length:.2f}, "
+            f"({self.tokens_per_forward:.2f} tokens/forward, MAL {self.mean_accepted_length:.2f}, {drafts}"
             f"{self.skipped_verifications} skipped), {self.latency_s * 1000:.0f} ms for a batch of "
             f"{self.batch_size} ({self.engine_time_s / max(self.latency_s, 1e-9):.0%} outside model forwards)"
         )
@@ -85,13 +88,15 @@ def build_reports(st, config, timer, memory_mb: float, device) -> list[DecodeRep
     origin = torch.where(st.forced_at[:T] >= 0, FORCED, origin)
     origins, nfe, hist = origin.tolist(), nfe.tolist(), hist.tolist()
     skipped, unverified = skipped.tolist(), unverified.tolist()
+    stability = (st.drafts_kept / st.drafts_redrawn.clamp(min=1)).tolist()
     kinds = "".join(k for k, *_ in st.log)
     settings = config.to_dict()
     return [
         DecodeReport(
             mode=config.mode, seed=st.seeds[b], tokens=T, nfe=nfe[b], tokens_per_forward=T / nfe[b],
             mean_accepted_length=(T - unverified[b]) / nfe[b], accepted_length_histogram=hist[b],
-            skipped_verifications=skipped[b], unverified_tokens=unverified[b], origins=origins[b],
+            skipped_verifications=skipped[b], unverified_tokens=unverified[b], draft_stability=stability[b],
+            origins=origins[b],
             step_kinds=kinds, latency_s=timer.total, model_time_s=timer.model_total,
             engine_time_s=timer.total - timer.model_total, batch_size=B,
             device=str(device), memory_mb=memory_mb, settings=settings,

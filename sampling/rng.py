@@ -26,7 +26,8 @@ _MUL2 = -7723592293110705685  # 0x94D049BB133111EB
 # What a number is used for; distinct streams never share a draw.
 VERIFY = 1  # per window row: lane 0 the acceptance coin, lane 1 the row's sample
 INIT = 2  # draft initialisation
-PATHS = 3  # VVS candidate paths: stream PATHS + path index
+PATHS = 3  # VVS candidate paths: stream PATHS + path index (up to 64 paths)
+COUPLE = 1000  # coupled Jacobi drafts: lane 0 keeps the old draft, lane 1 draws from the residual
 
 
 def _wrap(v: int) -> int:
@@ -86,3 +87,11 @@ def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | 
     total = c[..., -1:]
     v = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(c, v, right=True).clamp_(max=probs.shape[-1] - 1)
+
+
+def sample_generator(seed: int, stream: int, device=None) -> torch.Generator:
+    """A generator of its own for one sample and purpose: numbers drawn from it in a
+    fixed order (e.g. position by position) depend only on the seed, not on the batch."""
+    g = torch.Generator(device=device or "cpu")
+    g.manual_seed(_mix(torch.tensor([_wrap(_wrap(int(seed)) * 4096 + stream)])).item() & ((1 << 63) - 1))
+    return g

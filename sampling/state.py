@@ -36,6 +36,11 @@ name                shape / type                   meaning (R = read, W = write)
 ``arange(n)``       int64 ``[n]``                  R a cached ``arange``
 ==================  =============================  =====================================================
 
+A draft source also keeps ``drafts_redrawn`` / ``drafts_kept`` (int64 ``[B]``: positions
+it drafted again after a pass, and how many of those kept their draft; the report's
+draft stability) and may hold per-batch tensors of its own in ``source_state``
+(a dict), and fill a ``[B, n, V]`` buffer from a ring with ``rows(ring, slots, name)``.
+
 A **schedule** (``schedule.py``) reads the same plus ``produced``/``verified``
 (tokens committed by and number of verified forwards, for the mean accepted
 length), ``verified_since_skip``, ``max_commit`` and :meth:`commit_lengths`.
@@ -102,6 +107,9 @@ class DecodeState:
         self.informed_end = zeros.clone()
         self.produced = zeros.clone()
         self.verified = zeros.clone()
+        self.drafts_redrawn = zeros.clone()
+        self.drafts_kept = zeros.clone()
+        self.source_state: dict = {}
         self.host_cached = [0] * self.batch
         self.host_committed = [0] * self.batch
         self.host_draft_end = [0] * self.batch
@@ -127,6 +135,15 @@ class DecodeState:
             buf = self.buffers[name] = torch.empty(self.batch * self.max_window * self.vocab,
                                                    device=self.n_cached.device)
         return buf[:n].view(self.batch, rows, self.vocab)
+
+    def rows(self, ring: torch.Tensor, slots: torch.Tensor, name: str) -> torch.Tensor:
+        """``ring[b, slots[b]]`` for every sample, ``[B, n, V]``, into the reusable
+        buffer ``name`` (one copy, no allocation)."""
+        B, R, V = ring.shape
+        out = self.buffer(name, slots.shape[1])
+        flat = (self.batch_idx * R + slots).view(-1)
+        torch.index_select(ring.view(B * R, V), 0, flat, out=out.view(-1, V))
+        return out
 
     def arange(self, n: int) -> torch.Tensor:
         if n not in self.aranges:

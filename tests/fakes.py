@@ -73,7 +73,8 @@ class TabularAdapter(ImageAdapter):
         return torch.stack([cond, self.uncond_table[idx]])
 
     # -- the exact answer ---------------------------------------------------
-    def conditional(self, prefix: list[int], cls: int, cfg: float, top_k: int | None) -> torch.Tensor:
+    def conditional(self, prefix: list[int], cls: int, cfg: float, top_k: int | None,
+                    temperature: float = 1.0) -> torch.Tensor:
         """Reference processing, written independently of the engine's."""
         t = len(prefix)
         if self.layout.forced[t] >= 0:
@@ -85,18 +86,19 @@ class TabularAdapter(ImageAdapter):
         c, u = self.cond_table[cls, idx].double(), self.uncond_table[idx].double()
         z = u + cfg * (c - u) if cfg != 1.0 else c
         z[self.eol] = float("-inf")
+        z = z / temperature
         if top_k is not None:
             kth = torch.sort(z, descending=True).values[top_k - 1]
             z[z < kth] = float("-inf")
         return torch.softmax(z, 0)
 
-    def joint(self, cls: int, cfg: float, top_k: int | None) -> dict[tuple, float]:
+    def joint(self, cls: int, cfg: float, top_k: int | None, temperature: float = 1.0) -> dict[tuple, float]:
         """Probability of every complete stream."""
         out = {}
         for seq in itertools.product(range(self.vocab_size), repeat=self.length):
             prob = 1.0
             for t in range(self.length):
-                prob *= float(self.conditional(list(seq[:t]), cls, cfg, top_k)[seq[t]])
+                prob *= float(self.conditional(list(seq[:t]), cls, cfg, top_k, temperature)[seq[t]])
                 if prob == 0.0:
                     break
             if prob > 0:

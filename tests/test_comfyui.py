@@ -148,6 +148,17 @@ def test_text_to_image_workflow_in_every_mode(server, mode):
     count = int(report.split("previews: ")[1].split()[0])
     share = float(report.split("% of sampling")[0].rsplit("(", 1)[1])
     assert share < 5.0 and (count >= 1 or mode != "ar"), report  # live previews, throttled
+    if mode != "ar":  # the shipped workflows draft with the default coupling (MC-SJD)
+        assert "maximal coupling: drafts kept" in report, report
+
+
+def test_a_gumbel_coupled_workflow_renders_and_reports_its_coupling(server):
+    workflow = _with("embedded_t2i_sjd", "SpecAR_Sampler", draft_coupling="gumbel")
+    entry = server.run(workflow)
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    report = "".join(_outputs(entry, "text"))
+    kept = int(report.split("gumbel coupling: drafts kept ")[1].split("%")[0])
+    assert report.startswith("sjd: 256 tokens") and kept > 0, report
 
 
 def test_prompt_list_renders_every_prompt_in_one_queue_entry(server):

@@ -44,6 +44,8 @@ def test_relaxed_rules_accept_more_than_sjd(model):
 @pytest.mark.parametrize("mode,extra", [
     ("ar", {}), ("sjd", {}), ("gsd", {}), ("lantern", dict(lantern_k=10)),
     ("sjd", dict(init="sample-above")),
+    ("sjd", dict(draft_coupling="none")), ("sjd", dict(draft_coupling="gumbel")),
+    ("gsd", dict(draft_coupling="gumbel")), ("lantern", dict(lantern_k=10, draft_coupling="gumbel")),
 ])  # not VVS: a batch shares its skipped steps (sampling/schedule.py)
 def test_an_image_does_not_depend_on_its_batch(model, mode, extra):
     batch = decode(model, [3, 1, 4, 1], [21, 22, 23, 24], mode=mode, **extra)

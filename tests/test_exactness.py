@@ -18,16 +18,23 @@ from .fakes import TabularAdapter
 CFG, TOP_K = 2.0, 3
 
 
-def stream_test(adapter: TabularAdapter, tokens: torch.Tensor, cls: int, cfg=CFG, top_k=TOP_K):
+def stream_test(adapter: TabularAdapter, tokens: torch.Tensor, cls: int, cfg=CFG, top_k=TOP_K, temperature=1.0):
     """``(p-value, number of sampled streams that have zero probability)``."""
-    exact = adapter.joint(cls, cfg, top_k)
+    exact = adapter.joint(cls, cfg, top_k, temperature)
     counts: dict[tuple, int] = {}
     for row in map(tuple, tokens.tolist()):
         counts[row] = counts.get(row, 0) + 1
     impossible = sum(c for s, c in counts.items() if s not in exact)
     n = tokens.shape[0]
-    chi2 = sum((counts.get(s, 0) - n * p) ** 2 / (n * p) for s, p in exact.items())
-    df = len(exact) - 1
+    # streams expected fewer than 5 times are pooled into one cell: single rare draws
+    # would otherwise dominate the statistic, which is then no chi-square
+    common = {s: p for s, p in exact.items() if n * p >= 5}
+    cells = [(counts.get(s, 0), n * p) for s, p in common.items()]
+    rare_p = 1.0 - sum(common.values())
+    if rare_p * n >= 5:
+        cells.append((sum(c for s, c in counts.items() if s in exact and s not in common), n * rare_p))
+    chi2 = sum((c - e) ** 2 / e for c, e in cells)
+    df = len(cells) - 1
     return float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(chi2 / 2.0))), impossible
 
 
@@ -111,3 +118,85 @@ def test_any_draft_source_keeps_the_engine_exact(model):
     assert impossible == 0 and pvalue > 1e-4
     accepted = sum(r.origin_counts()["accepted draft"] for r in result.reports)
     assert accepted > 0, "its drafts are used"
+
+
+# -- coupled drafting (MC-SJD) ------------------------------------------------------
+COUPLED = {
+    "window-2": dict(mode="sjd", window=2),
+    "window-3": dict(mode="sjd", window=3),
+    "window-16": dict(mode="sjd", window=16),
+    "random": dict(mode="sjd", window=3, init="random"),
+    "repeat-left": dict(mode="sjd", window=3, init="repeat-left"),
+    "repeat-above": dict(mode="sjd", window=3, init="repeat-above"),
+    "sample-left": dict(mode="sjd", window=3, init="sample-left"),
+    "sample-above": dict(mode="sjd", window=4, init="sample-above"),
+    "gsd-G1": dict(mode="gsd", window=3, group_size=1, gsd_delta=1.0),
+    "lantern-delta0": dict(mode="lantern", window=3, lantern_k=2, lantern_delta=0.0),
+}
+
+
+@pytest.fixture(scope="module")
+def long_model():
+    """Seven positions (two forced), so drafts are redrawn pass after pass."""
+    return TabularAdapter(image=3, length=7, forced=(2, 5), seed=11, spread=1.0)
+
+
+@pytest.mark.parametrize("coupling", ["none", "maximal", "gumbel"])  # none: SJD as published
+@pytest.mark.parametrize("name", list(COUPLED))
+def test_coupled_drafts_follow_the_exact_joint(long_model, coupling, name):
+    tokens = sample(long_model, {**COUPLED[name], "draft_coupling": coupling}, n=30_000, seed=3)
+    assert (tokens[:, 2] == long_model.eol).all() and (tokens[:, 5] == long_model.eol).all()
+    pvalue, impossible = stream_test(long_model, tokens, cls=1)
+    assert impossible == 0 and pvalue > 1e-4
+
+
+@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
+def test_coupled_drafts_with_a_temperature_follow_the_exact_joint(long_model, coupling):
+    config = DecodeConfig(mode="sjd", window=4, draft_coupling=coupling, cfg_scale=CFG, top_k=TOP_K, temperature=0.6)
+    tokens = SpeculativeDecoder(long_model, config).generate([0] * 30_000, seeds=7_000_000).tokens
+    pvalue, impossible = stream_test(long_model, tokens, cls=0, temperature=0.6)
+    assert impossible == 0 and pvalue > 1e-4
+
+
+@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
+def test_coupled_drafts_at_batch_one_follow_the_exact_joint(coupling):
+    small = TabularAdapter(image=3, length=4, forced=(1,), seed=5)
+    config = DecodeConfig(mode="sjd", window=3, draft_coupling=coupling, cfg_scale=CFG, top_k=2)
+    decoder = SpeculativeDecoder(small, config)
+    tokens = torch.cat([decoder.generate([0], seeds=[s]).tokens for s in range(600)])
+    pvalue, impossible = stream_test(small, tokens, cls=0, top_k=2)
+    assert impossible == 0 and pvalue > 1e-4
+
+
+@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
+@pytest.mark.parametrize("config", [
+    dict(mode="gsd", window=3, group_size=4, gsd_delta=1.0),
+    dict(mode="lantern", window=3, lantern_k=3, lantern_delta=1.0),
+])
+def test_the_check_still_rejects_biased_modes_on_coupled_drafts(config, coupling):
+    peaked = TabularAdapter(seed=3, spread=4.0)
+    tokens = sample(peaked, {**config, "draft_coupling": coupling}, n=30_000, seed=2)
+    pvalue, impossible = stream_test(peaked, tokens, cls=1)
+    assert impossible > 0 or pvalue < 1e-6
+
+
+def test_the_check_catches_a_kept_draft_verified_against_its_old_q(long_model):
+    """The authors' Lumina/Janus schedulers keep ``q_old`` for a draft the coupling
+    kept: its next acceptance ratio is then wrong, and the joint shows it."""
+    from spec_ar.sampling.drafts import JacobiDrafts
+
+    class OldQ(JacobiDrafts):
+        def after_verify(self, st, probs, samples, first_new):
+            pos = st.window_positions + 1
+            before, old_q = st.seq.gather(1, pos), st.ring[st.batch_idx, pos % st.ring_size].clone()
+            super().after_verify(st, probs, samples, first_new)
+            kept = (st.seq.gather(1, pos) == before) & (pos < st.n_committed.unsqueeze(1) + 64)
+            rows = torch.where(kept.unsqueeze(-1), old_q, probs)
+            tail = st.arange(pos.shape[1]).unsqueeze(0) > first_new.unsqueeze(1)
+            st.ring[st.batch_idx, pos % st.ring_size] = torch.where(tail.unsqueeze(-1), rows, probs)
+
+    config = DecodeConfig(mode="sjd", window=4, cfg_scale=CFG, top_k=TOP_K)
+    decoder = SpeculativeDecoder(long_model, config, drafter=OldQ("random", "maximal"))
+    tokens = decoder.generate([1] * 60_000, seeds=9_000_000).tokens
+    pvalue, impossible = stream_test(long_model, tokens, cls=1)
+    assert impossible > 0 or pvalue < 1e-6

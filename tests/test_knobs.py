@@ -86,7 +86,7 @@ def settings_table() -> str:
         if f.name == "mode":
             continue
         k = KNOBS[f.name]
-        default = "the mode's" if f.name in ("acceptance", "schedule") else (
+        default = "the mode's" if f.name in ("acceptance", "schedule") else k.unset if k.unset else (
             "the family's" if k.uses == ("always",) else ("off" if f.default is None else f"`{f.default}`"))
         allowed = k.range_text().replace("|", "\\|")
         rows.append(f"| `{k.name}` | `{k.option}` | {k.label if k.widget else '-'} | {k.symbol} | {default} | "

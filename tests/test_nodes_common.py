@@ -76,8 +76,10 @@ def test_widgets_become_a_validated_config():
     with pytest.raises(ConfigError, match="mode must be one of"):
         common.decode_config("fast")
     # errors name the widget as the node shows it, not the field
-    with pytest.raises(ConfigError, match=r"^window must be an integer in \[1, 256\] \(got 0\)"):
-        common.decode_config("sjd", window=0)
+    assert common.decode_config("sjd", window=0).window is None  # 0 on the slider: auto
+    assert common.decode_config("sjd", window=0, draft_coupling="none").drafting == (16, "random")  # SJD as published
+    with pytest.raises(ConfigError, match=r"^window must be an integer in \[1, 256\]; none is auto \(got 257\)"):
+        common.decode_config("sjd", window=257)
     with pytest.raises(ConfigError, match=r"^G must be an integer in \[1, 1000\] \(got 0\)"):
         common.decode_config("gsd", G=0)
     with pytest.raises(ConfigError, match=r"^k must be an integer in \[1, the model's codebook size - 1\]"):

@@ -11,7 +11,7 @@ from .fakes import TabularAdapter
 
 
 @pytest.mark.parametrize("settings,message", [
-    (dict(window=0), "window must be an integer in [1, 256] (got 0)"),
+    (dict(window=0), "window must be an integer in [1, 256]; none is auto (got 0)"),
     (dict(mode="gsd", group_size=0), "group_size must be an integer in [1, 1000] (got 0)"),
     (dict(gsd_delta=1.5), "gsd_delta must be a number in [0, 1] (got 1.5)"),
     (dict(gsd_delta=-0.1), "gsd_delta must be a number in [0, 1] (got -0.1)"),
@@ -23,7 +23,7 @@ from .fakes import TabularAdapter
     (dict(skip_interval=1), "skip_interval must be an integer in [2, 64] (got 1)"),
     (dict(mode="fast"), "mode must be one of 'ar', 'sjd', 'gsd', 'lantern', 'vvs' (got 'fast')"),
     (dict(init="diagonal"), "init must be one of 'random', 'repeat-left', 'repeat-above', 'sample-left', 'sample-above' (got 'diagonal')"),
-    (dict(window=2.5), "window must be an integer in [1, 256] (got 2.5)"),
+    (dict(window=2.5), "window must be an integer in [1, 256]; none is auto (got 2.5)"),
     (dict(mode="ar", acceptance="grouped"), "mode 'ar' has no drafts"),
     (dict(lantern_k=2_000_000), "lantern_k must be an integer in [1, the model's codebook size - 1] (got 2000000)"),
     (dict(init="x" * 10_000), "(got 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... (10002 characters))"),
