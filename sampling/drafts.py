@@ -31,6 +31,7 @@ from typing import Protocol
 import torch
 
 from . import rng
+from .acceptance import DraftDistributions
 from .state import DecodeState
 
 
@@ -127,11 +128,10 @@ class JacobiDrafts:
     @staticmethod
     def _maximal(st, probs, samples, pos, old, had, tail):
         V = probs.shape[-1]
-        ring = st.ring.view(-1, V)
-        slots = (st.batch_idx * st.ring.shape[1] + pos % st.ring_size).view(-1)  # the previous drafts' q rows
+        slots = pos % st.ring_size
         u = rng.uniform(st.keys, st.step, rng.COUPLE, pos, lanes=2)
         p_x = probs.gather(-1, old.unsqueeze(-1)).squeeze(-1)
-        q_x = ring.view(-1)[slots * V + old.view(-1)].view_as(p_x)
+        q_x = DraftDistributions(st.ring, slots, st.batch_idx).at(old)  # the previous drafts' q
         keep = u[..., 0] * q_x < p_x  # u < p_new(x) / q_old(x)
         new = torch.where(had, old, samples)
         # only the re-drafted positions that lose their draft pass over the vocabulary
@@ -141,7 +141,8 @@ class JacobiDrafts:
         residual = st.buffer("couple_residual", pos.shape[1]).view(-1, V)[:n]
         q_old = st.buffer("couple_q_old", pos.shape[1]).view(-1, V)[:n]
         torch.index_select(probs.reshape(-1, V), 0, redo, out=residual)
-        torch.index_select(ring, 0, slots[redo], out=q_old)
+        rows = (st.batch_idx * st.ring.shape[1] + slots).view(-1)  # their rows in the ring
+        torch.index_select(st.ring.view(-1, V), 0, rows[redo], out=q_old)
         residual.sub_(q_old).clamp_(min=0.0)
         draws = rng.categorical(residual, u.view(-1, 2)[redo, 1:], q_old).squeeze(-1)
         return new.view(-1).index_copy_(0, redo, draws).view_as(old)
