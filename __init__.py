@@ -10,5 +10,7 @@ if __package__:  # a package: ComfyUI's import (any folder name) or pip's spec_a
 else:  # the bare file, as pytest imports a pack folder whose name is no identifier
     NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS = {}, {}
 
+#: the pack's page extension (served at /extensions/<folder>/): the sampler shows the knobs its mode reads
+WEB_DIRECTORY = "./web"
 __version__ = "0.1.0"
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

@@ -19,6 +19,8 @@ MODEL_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt", ".bin")
 AUTO = "auto"
 #: the sampler's switch between the family's reference sampling settings and its own widgets
 FAMILY_DEFAULTS = "family_defaults"
+#: the mode input's option carrying :func:`knob_visibility` to the web page
+KNOB_VISIBILITY = "spec_ar_knob_visibility"
 
 
 #: the listing's bounds: a model folder is small and shallow; a huge or looping
@@ -124,6 +126,25 @@ def sampler_widgets() -> list[dict]:
                 w.update(off=0, tooltip=w["tooltip"] + f" 0 = {k.unset or 'off'}.")
         out.append(w)
     return out
+
+
+def knob_visibility() -> dict:
+    """Which of the sampler's widgets each mode shows, for the web page (served with
+    the node definition; ``web/sampler_knobs.js`` only looks it up).  Read from the
+    knob table's ``uses`` through :meth:`Knob.used_by`, so the page and the engine
+    agree on which knob a setting reads: ``visible[mode][schedule choice]`` lists the
+    widgets shown; ``switched`` ones show only while ``switch`` (family defaults) is off."""
+    from ..sampling.config import KNOBS, MODES, SAMPLING_FALLBACK, DecodeConfig
+
+    widgets = sampler_widgets()
+    schedule = next(w for w in widgets if w["field"] == "schedule")
+    visible = {mode: {choice: [w["label"] for w in widgets
+                               if KNOBS[w["field"]].used_by(DecodeConfig(mode=mode,
+                                                                       schedule=None if choice == AUTO else choice))]
+                      for choice in schedule["options"]}
+               for mode in MODES}
+    return {"knobs": [w["label"] for w in widgets], "schedule": schedule["label"], "visible": visible,
+            "switch": FAMILY_DEFAULTS, "switched": [w["label"] for w in widgets if w["field"] in SAMPLING_FALLBACK]}
 
 
 def decode_config(mode: str, family_defaults: bool = True, **widgets):
@@ -254,6 +275,14 @@ class PreviewThrottle:
         self.spent += seconds
         self.count += 1
         self.last = time.perf_counter()
+
+
+def image_preview(image):
+    """A PIL picture of one ``[H, W, 3]`` image in [0, 1] (the finished image's preview)."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray((image.float().clamp(0, 1).cpu().numpy() * 255).round().astype(np.uint8))
 
 
 def partial_preview(decode, tokens, committed: int, layout):

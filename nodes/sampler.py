@@ -46,6 +46,15 @@ def _decoding_inputs() -> list:
     return out
 
 
+def _mode_input(modes, helps):
+    """The mode combo, carrying to the web page which knobs each mode reads (``web/sampler_knobs.js``);
+    set after construction because ``Combo.Input`` takes no ``extra_dict`` in ComfyUI 0.3.x."""
+    mode = io.Combo.Input("mode", options=list(modes), default="sjd",
+                          tooltip=" ".join(f"{m}: {h}." for m, h in helps.items()))
+    mode.extra_dict = {**getattr(mode, "extra_dict", {}), common.KNOB_VISIBILITY: common.knob_visibility()}
+    return mode
+
+
 def code_grid_image(tokens):
     """Without a decoder: the code ids as colours, one 4-px square per token."""
     import torch
@@ -71,8 +80,7 @@ class SpeculativeARSampler(io.ComfyNode):
                                 "id (an integer) here. Connect a Prompt List to render many prompts."),
                 io.String.Input("negative_prompt", multiline=True, default="", optional=True,
                                 tooltip="Only for families with negative-prompt guidance; leave empty otherwise."),
-                io.Combo.Input("mode", options=list(MODES), default="sjd",
-                               tooltip=" ".join(f"{m}: {h}." for m, h in MODE_HELP.items())),
+                _mode_input(MODES, MODE_HELP),
                 *_decoding_inputs(),
                 io.Int.Input("seed", default=0, min=0, max=2**63 - 1, control_after_generate=True,
                              tooltip="Image i of a batch uses seed + i, so it matches a batch-of-one render."),
@@ -158,6 +166,8 @@ class SpeculativeARSampler(io.ComfyNode):
         tokens = result.image_tokens(layout)
         images = (decode_in_chunks(decode, tokens, decode_bytes, loaded.device).permute(0, 2, 3, 1)
                   if decode is not None else code_grid_image(tokens))
+        # the node's in-page preview ends on the finished picture, not on the last partial one
+        bar.update_absolute(layout.length, layout.length, ("JPEG", common.image_preview(images[0]), 512))
         reports = result.reports
         first = reports[0]
         label = config.label()

@@ -14,6 +14,8 @@ import torch
 from . import checkpoints as ck
 from .chameleon_files import write_chameleon, write_lumina
 from .emu3_files import write_emu3
+from spec_ar.workflows.catalog import CATALOG, title
+
 from .comfyui_server import ComfyServer, error_of, locate, ui_to_api
 
 WORKFLOWS = pathlib.Path(__file__).resolve().parent.parent / "workflows"
@@ -123,10 +125,10 @@ def test_gsd_with_similarity_skipping_is_set_from_the_node(server):
 
 
 def test_ui_and_api_workflows_agree(object_info):
-    pairs = sorted(WORKFLOWS.glob("*.json"))
-    assert len(pairs) >= 10
-    for ui_file in pairs:
-        api = json.loads((WORKFLOWS / "api" / ui_file.name).read_text())
+    assert len(CATALOG) >= 13
+    for name in CATALOG:
+        ui_file = WORKFLOWS / f"{title(name)}.json"
+        api = json.loads((WORKFLOWS / "api" / f"{name}.json").read_text())
         converted = ui_to_api(json.loads(ui_file.read_text()), object_info)
         strip = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in api.items()}
         assert converted == strip, ui_file.name
@@ -300,7 +302,7 @@ def test_queue_client_chunks_through_a_prompt_list(server, tmp_path):
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\na blue square\na green triangle\n")
-    res = queue_client.run([server.url], str(WORKFLOWS / "embedded_prompt_list.json"), str(prompts),
+    res = queue_client.run([server.url], str(WORKFLOWS / f"{title('embedded_prompt_list')}.json"), str(prompts),
                            tmp_path / "out", chunk=2, log=lambda s: None)  # the UI format, converted
     assert res["failed"] == 0, res
     assert [len(r["files"]) for r in res["prompts"]] == [1, 1, 1]

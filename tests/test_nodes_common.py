@@ -154,3 +154,26 @@ def test_partial_preview_greys_rows_not_yet_committed():
     img = torch.from_numpy(np.array(common.partial_preview(decode, tokens, 6, layout)))
     assert (img[:4] == 255).all() and (img[4:8, :8] == 255).all()  # row 0 and half of row 1 committed
     assert (img[4:8, 8:] == 128).all() and (img[8:] == 128).all()
+
+
+def test_knob_visibility_lists_for_each_mode_the_knobs_it_reads():
+    from spec_ar.sampling.config import KNOBS, MODES, DecodeConfig
+
+    table = common.knob_visibility()
+    by_label = {w["label"]: w["field"] for w in common.sampler_widgets()}
+    assert set(table["visible"]) == set(MODES) and table["switch"] == common.FAMILY_DEFAULTS
+    assert table["visible"]["ar"]["auto"] == table["switched"]  # ar reads only the sampling settings
+    assert "G" in table["visible"]["gsd"]["auto"] and "G" not in table["visible"]["lantern"]["auto"]
+    assert "skip_interval" in table["visible"]["vvs"]["auto"]  # the mode's own schedule
+    assert "skip_threshold" in table["visible"]["sjd"]["similarity"]  # a schedule chosen on the node
+    for mode, choices in table["visible"].items():
+        for choice, shown in choices.items():
+            config = DecodeConfig(mode=mode, schedule=None if choice == common.AUTO else choice)
+            assert shown == [k for k in table["knobs"] if KNOBS[by_label[k]].used_by(config)], (mode, choice)
+
+
+def test_image_preview_is_the_picture_itself():
+    img = torch.rand(8, 6, 3)
+    pil = common.image_preview(img)
+    assert pil.size == (6, 8)
+    assert np.abs(np.asarray(pil) / 255.0 - img.numpy()).max() <= 0.5 / 255 + 1e-6

@@ -1,12 +1,17 @@
-"""Writes the shareable workflows in both formats from the graphs below.
+"""Writes the shareable workflows in both formats from the graphs below, and their
+thumbnails for ComfyUI's Templates browser.
 
-    python workflows/build.py            # starts the test ComfyUI (make comfyui) for its /object_info
+    .venv/bin/python workflows/build.py   # the test ComfyUI (make comfyui) with its web page, in Chromium
 
-The UI format (``*.json``: drag into the browser) carries widget values in the
-order ComfyUI's front end lays widgets out, which comes from ``/object_info``;
-the API format (``api/*.json``: what ``/prompt`` and ``spec-ar queue`` take) is
-the same graph by input name.  ``tests/test_comfyui.py`` converts every UI file
-back and checks it equals its API file, so hand edits to one are caught.
+The UI format (``<title>.json``: drag into the browser, or pick it in Templates)
+carries widget values in the order ComfyUI's front end lays widgets out, which
+comes from ``/object_info``, and node positions laid out from the sizes the web
+page gives each node (measured in the browser, with the pack's extension hiding
+the knobs a mode does not read); the API format (``api/<name>.json``: what
+``/prompt`` and ``spec-ar queue`` take) is the same graph by input name.
+``tests/test_comfyui.py`` converts every UI file back and checks it equals its API
+file, so hand edits to one are caught; ``tests/test_web_page.py`` loads every UI
+file in the browser and checks nothing overlaps.
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import json
 import pathlib
 import sys
 import tempfile
+
+from spec_ar.workflows.catalog import CATALOG, embedded, title
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROMPT = "a red circle in the top left on a striped blue background"
@@ -36,18 +43,26 @@ def _t2i(model: dict, mode: str, prompt: str, **sampler) -> dict:
     }
 
 
-def graphs() -> dict[str, dict]:
-    out = {f"embedded_t2i_{mode}": _t2i({"model": EMBEDDED}, mode, PROMPT) for mode in MODES}
+#: the comparison's groups: one per mode, around its sampler and its images
+GROUP_TITLES = {"ar": "ar (reference)", "sjd": "SJD (lossless)", "gsd": "GSD (G = 50)", "lantern": "LANTERN",
+                "vvs": "VVS (skips)"}
+
+
+def graphs() -> dict[str, tuple[dict, list]]:
+    """name -> (nodes, groups): nodes in an order where every link points back;
+    a node is ``(class, inputs)`` or ``(class, inputs, {"column": n})``; a group is
+    ``(title, [node names])``."""
+    out = {f"embedded_t2i_{mode}": (_t2i({"model": EMBEDDED}, mode, PROMPT), []) for mode in MODES}
     comparison = {"model": ("SpecAR_LoadModel", {"model": EMBEDDED})}
-    for mode in MODES:
-        comparison[mode] = ("SpecAR_Sampler", {"model": L("model"), "prompt": PROMPT, "mode": mode, "G": 50})
-        comparison[f"{mode}_images"] = ("PreviewImage", {"images": L(mode)})
+    for i, mode in enumerate(MODES):  # a column per mode: its sampler over its images
+        comparison[mode] = ("SpecAR_Sampler", {"model": L("model"), "prompt": PROMPT, "mode": mode, "G": 50},
+                            {"column": 1 + i})
+        comparison[f"{mode}_images"] = ("PreviewImage", {"images": L(mode)}, {"column": 1 + i})
     reports = {"reports": L("ar", 6), **{f"reports_{i + 2}": L(m, 6) for i, m in enumerate(MODES[1:])}}
-    comparison["table"] = ("SpecAR_ReportTable", reports)
-    comparison["plot"] = ("SpecAR_ReportPlot", reports)
-    comparison["plot_preview"] = ("PreviewImage", {"images": L("plot")})
-    out["embedded_mode_comparison"] = comparison
-    out["embedded_prompt_list"] = {
+    comparison["table"] = ("SpecAR_ReportTable", reports, {"column": 1 + len(MODES)})
+    comparison["plot"] = ("SpecAR_ReportPlot", reports, {"column": 1 + len(MODES)})
+    out["embedded_mode_comparison"] = (comparison, [(GROUP_TITLES[m], [m, f"{m}_images"]) for m in MODES])
+    out["embedded_prompt_list"] = ({
         "model": ("SpecAR_LoadModel", {"model": EMBEDDED}),
         "prompts": ("SpecAR_PromptList", {"prompts": "a red circle in the top left\n"
                                           "a green triangle in the center on a dotted white background\n"
@@ -55,21 +70,24 @@ def graphs() -> dict[str, dict]:
         "sampler": ("SpecAR_Sampler", {"model": L("model"), "prompt": L("prompts"), "mode": "gsd"}),
         "save": ("SaveImage", {"images": L("sampler"), "filename_prefix": "spec_ar_list"}),
         "table": ("SpecAR_ReportTable", {"reports": L("sampler", 6)}),
-    }
+    }, [])
     # the real families: put the weights in models/spec_ar under these names
-    out["llamagen_c2i"] = _t2i({"model": "llamagen/c2i_XL_384.pt", "vq": "llamagen/vq_ds16_c2i.pt"}, "lantern",
-                               "207", k=1000, lantern_delta=0.4)
-    out["llamagen_t2i"] = _t2i({"model": "llamagen/t2i_XL_stage2_512.pt", "vq": "llamagen/vq_ds16_t2i.pt",
-                                "text_encoder": "flan-t5-xl"}, "vvs",
-                               "a photo of a red fox sitting in fresh snow, golden hour", resolution="512")
-    out["janus_pro"] = _t2i({"model": "Janus-Pro-7B"}, "gsd", "a watercolor lighthouse on a cliff at dawn", G=10)
-    out["lumina_mgpt"] = _t2i({"model": "Lumina-mGPT-7B-768"}, "sjd",
-                              "a majestic snow leopard resting on a rocky ledge, misty mountains behind", window=16)
-    out["anole"] = _t2i({"model": "Anole-7b-hf"}, "lantern", "a red panda eating bamboo in a misty forest",
-                        k=1000, lantern_delta=0.1)
-    out["emu3"] = _t2i({"model": "Emu3-Gen-hf"}, "gsd", "a bowl of ramen with a soft-boiled egg, studio lighting",
-                       negative_prompt="lowres, blurry, text, watermark", G=10)
-    return out
+    family = {
+        "llamagen_c2i": _t2i({"model": "llamagen/c2i_XL_384.pt", "vq": "llamagen/vq_ds16_c2i.pt"}, "lantern",
+                             "207", k=1000, lantern_delta=0.4),
+        "llamagen_t2i": _t2i({"model": "llamagen/t2i_XL_stage2_512.pt", "vq": "llamagen/vq_ds16_t2i.pt",
+                              "text_encoder": "flan-t5-xl"}, "vvs",
+                             "a photo of a red fox sitting in fresh snow, golden hour", resolution="512"),
+        "janus_pro": _t2i({"model": "Janus-Pro-7B"}, "gsd", "a watercolor lighthouse on a cliff at dawn", G=10),
+        "lumina_mgpt": _t2i({"model": "Lumina-mGPT-7B-768"}, "sjd",
+                            "a majestic snow leopard resting on a rocky ledge, misty mountains behind", window=16),
+        "anole": _t2i({"model": "Anole-7b-hf"}, "lantern", "a red panda eating bamboo in a misty forest",
+                      k=1000, lantern_delta=0.1),
+        "emu3": _t2i({"model": "Emu3-Gen-hf"}, "gsd", "a bowl of ramen with a soft-boiled egg, studio lighting",
+                     negative_prompt="lowres, blurry, text, watermark", G=10),
+    }
+    out.update({name: (nodes, []) for name, nodes in family.items()})
+    return {name: out[name] for name in CATALOG}  # the catalogue's order
 
 
 def _widget_inputs(info: dict) -> list[tuple[str, list, dict]]:
@@ -85,11 +103,75 @@ def _is_widget(kind) -> bool:
     return isinstance(kind, list) or kind in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
 
 
-def build(graph: dict, object_info: dict) -> tuple[dict, dict]:
-    """(UI format, API format) of one graph; unset widgets take their defaults."""
-    ids = {name: i + 1 for i, name in enumerate(graph)}
+#: LiteGraph's node title bar, above a node's ``pos``; the group title band; gaps between boxes
+TITLE, GROUP_HEAD, GROUP_PAD, GAP_X, GAP_Y, MARGIN = 30, 56, 14, 70, 40, 40
+#: the size a node gets at least (image previews need room to show a picture); the web page's own
+#: minimum for the node's widgets, measured in the browser, wins where larger
+PREFERRED = {"PreviewImage": (300, 340), "SaveImage": (300, 340), "PreviewAny": (380, 240),
+             "SpecAR_ReportTable": (620, 320), "SpecAR_ReportPlot": (520, 440), "SpecAR_Sampler": (360, 0),
+             "SpecAR_LoadModel": (340, 0), "SpecAR_PromptList": (360, 0)}
+DEFAULT_SIZE = (320, 120)
+
+
+def _parents(given: dict) -> list[str]:
+    return [v[1] for v in given.values() if isinstance(v, tuple) and v[0] == "link"]
+
+
+def layout(nodes: dict, groups: list, sizes: dict) -> tuple[dict, list]:
+    """Left-to-right flow: a node's column is one right of its deepest input (or its
+    hint); each node sits level with its first input where its column is free there;
+    a group's members share one band, under a title, and nothing else enters it.
+    ``sizes``: name -> (width, height) of the node's body.  Returns positions
+    (LiteGraph's ``pos``: the body's top left) and group boxes."""
+    column = {}
+    for name, (kind, given, *hint) in nodes.items():
+        parents = _parents(given)
+        column[name] = (hint[0]["column"] if hint and "column" in hint[0]
+                        else 1 + max(column[p] for p in parents) if parents else 0)
+    ncol = max(column.values()) + 1
+    widths = [max((sizes[n][0] for n in nodes if column[n] == c), default=0) for c in range(ncol)]
+    xs = [MARGIN + sum(widths[:c]) + GAP_X * c for c in range(ncol)]
+    free = [MARGIN] * ncol  # the first free y (a box's top, title bar included) per column
+    top, boxes, group_of = {}, [], {m: g for g in groups for m in g[1]}
+    for name, (kind, given, *_) in nodes.items():
+        if name in top:
+            continue
+        if name in group_of:
+            title, members = group_of[name]
+            cols = range(min(column[m] for m in members), max(column[m] for m in members) + 1)
+            band = max(free[c] for c in cols)
+            y = {c: band + GROUP_HEAD for c in cols}
+            for m in members:
+                top[m] = y[column[m]]
+                y[column[m]] += TITLE + sizes[m][1] + GAP_Y
+            bottom = max(top[m] + TITLE + sizes[m][1] for m in members) + GROUP_PAD
+            x0, x1 = xs[cols[0]] - GROUP_PAD, xs[cols[-1]] + widths[cols[-1]] + GROUP_PAD
+            boxes.append((title, [x0, band, x1 - x0, bottom - band]))
+            for c in cols:
+                free[c] = bottom + GAP_Y
+        else:
+            c, parents = column[name], _parents(given)
+            top[name] = max(free[c], top[parents[0]] if parents else MARGIN)
+            free[c] = top[name] + TITLE + sizes[name][1] + GAP_Y
+    return {n: [xs[column[n]], top[n] + TITLE] for n in nodes}, boxes
+
+
+def build(graph: tuple[dict, list], object_info: dict, measured: dict | None = None) -> tuple[dict, dict]:
+    """(UI format, API format) of one graph; unset widgets take their defaults.
+    ``measured``: from :func:`measure`, ``{"least": {node name: (w, h)}, "growth": {class: h}}``:
+    the web page's minimum size of each node, and how much a node of each class grows
+    when a run shows its output (the layout keeps that room free below it)."""
+    nodes_in, groups = graph
+    ids = {name: i + 1 for i, name in enumerate(nodes_in)}
+    least, growth = (measured or {}).get("least", {}), (measured or {}).get("growth", {})
+    size, room = {}, {}
+    for name, (kind, *_) in nodes_in.items():
+        want, low = PREFERRED.get(kind, DEFAULT_SIZE), least.get(name, (0, 0))
+        size[name] = (max(want[0], low[0]), max(want[1], low[1]) or DEFAULT_SIZE[1])
+        room[name] = (size[name][0], size[name][1] + growth.get(kind, 0))
+    pos, group_boxes = layout(nodes_in, groups, room)
     api, nodes, links = {}, [], []
-    for name, (kind, given) in graph.items():
+    for name, (kind, given, *_) in nodes_in.items():
         info = object_info[kind]
         unknown = set(given) - {n for n, *_ in _widget_inputs(info)}
         if unknown:
@@ -101,7 +183,7 @@ def build(graph: dict, object_info: dict) -> tuple[dict, dict]:
             if isinstance(value, tuple) and value[0] == "link":
                 src, slot = value[1], value[2]
                 link = len(links) + 1
-                src_type = object_info[graph[src][0]]["output"][slot]
+                src_type = object_info[nodes_in[src][0]]["output"][slot]
                 links.append([link, ids[src], slot, ids[name], None, src_type])
                 api_inputs[inp] = [str(ids[src]), slot]
             if _is_widget(io_type):
@@ -122,40 +204,82 @@ def build(graph: dict, object_info: dict) -> tuple[dict, dict]:
         api[str(ids[name])] = {"class_type": kind, "inputs": api_inputs, "_meta": {"title": info["display_name"]}}
         outputs = [{"name": n, "type": t, "links": [], "slot_index": i}
                    for i, (n, t) in enumerate(zip(info["output_name"], info["output"]))]
-        nodes.append({"id": ids[name], "type": kind, "pos": [60 + 380 * (len(nodes) % 4), 80 + 420 * (len(nodes) // 4)],
-                      "size": [340, 380], "flags": {}, "order": len(nodes), "mode": 0, "inputs": ui_inputs,
-                      "outputs": outputs, "properties": {"Node name for S&R": kind}, "widgets_values": values,
+        nodes.append({"id": ids[name], "type": kind, "pos": pos[name], "size": list(size[name]), "flags": {},
+                      "order": len(nodes), "mode": 0, "inputs": ui_inputs, "outputs": outputs,
+                      "properties": {"Node name for S&R": kind}, "widgets_values": values,
                       "title": info["display_name"]})
     by_id = {n["id"]: n for n in nodes}
     for link, src, slot, *_ in links:
         by_id[src]["outputs"][slot]["links"].append(link)
-    ui = {"last_node_id": len(nodes), "last_link_id": len(links), "nodes": nodes, "links": links, "groups": [],
+    ui = {"last_node_id": len(nodes), "last_link_id": len(links), "nodes": nodes, "links": links,
+          "groups": [{"id": i + 1, "title": t, "bounding": box, "color": "#3f789e", "font_size": 24, "flags": {}}
+                     for i, (t, box) in enumerate(group_boxes)],
           "config": {}, "extra": {}, "version": 0.4}
     return ui, api
 
 
-def write_all(object_info: dict, folder: pathlib.Path = HERE) -> list[pathlib.Path]:
+def measure(page, server, object_info: dict) -> dict:
+    """What :func:`build` needs to know of the web page (``page``: a
+    ``tests.web_page.WebPage`` on ``server``), measured in the browser: each node's
+    minimum size once the frontend has laid out its visible widgets (the pack's
+    extension hides the knobs a mode does not read), and, from queueing every
+    workflow that runs on the embedded model, how far each class of node grows when
+    it shows its output (the sampler's own preview, an image, a table)."""
+    least, growth = {}, {}
+    sizes = "() => Object.fromEntries(window.app.graph.nodes.map((n) => [n.id, [n.type, n.computeSize(), n.size[1]]]))"
+    for name, graph in graphs().items():
+        ui, _ = build(graph, object_info)
+        page.load(ui, name)
+        before = page.js(sizes)
+        least[name] = {node: tuple(before[str(i + 1)][1]) for i, node in enumerate(graph[0])}
+        if embedded(name):
+            page.queue()
+            page.wait_idle(server)
+            after = page.js("() => Object.fromEntries(window.app.graph.nodes.map((n) => [n.id, n.size[1]]))")
+            for node_id, (kind, _, h) in before.items():
+                growth[kind] = max(growth.get(kind, 0), after[node_id] - h)
+    return {"least": least, "growth": {k: v for k, v in growth.items() if v > 0}}
+
+
+def write_all(object_info: dict, measured: dict | None = None, folder: pathlib.Path = HERE) -> list[pathlib.Path]:
     (folder / "api").mkdir(exist_ok=True)
     written = []
     for name, graph in graphs().items():
-        ui, api = build(graph, object_info)
-        for path, data in ((folder / f"{name}.json", ui), (folder / "api" / f"{name}.json", api)):
+        per_graph = measured and {"least": measured["least"].get(name, {}), "growth": measured["growth"]}
+        ui, api = build(graph, object_info, per_graph)
+        for path, data in ((folder / f"{title(name)}.json", ui), (folder / "api" / f"{name}.json", api)):
             path.write_text(json.dumps(data, indent=1) + "\n")
             written.append(path)
     return written
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the shipped workflows (UI and API format) and their "
+                                                 "Templates-browser thumbnails.")
+    parser.add_argument("--no-thumbnails", action="store_true", help="keep the thumbnails as they are")
+    args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))
     from tests.comfyui_server import ComfyServer
+    from tests.web_page import WebPage, prepare_user
+
+    from spec_ar.workflows import thumbnails
 
     with tempfile.TemporaryDirectory() as tmp:
         base = pathlib.Path(tmp)
         (base / "models").mkdir()
-        with ComfyServer(base, base / "models") as server:
+        prepare_user(base)
+        with ComfyServer(base, base / "models", frontend=True) as server:
             info = server.get("/object_info")
-    for path in write_all(info):
-        print(path.relative_to(HERE.parent))
+            with WebPage(server.url) as page:
+                measured = measure(page, server, info)
+            print("measured growth when a run shows output:", measured["growth"])
+            for path in write_all(info, measured):
+                print(path.relative_to(HERE.parent))
+            if not args.no_thumbnails:
+                for path in thumbnails.write_all(server, HERE):
+                    print(path.relative_to(HERE.parent))
     return 0
 
 

@@ -1,0 +1,214 @@
+"""The pack as a user sees it: ComfyUI's web page in a real browser (Chromium driven
+by Playwright) on a real server with its frontend package.
+
+Every shipped workflow loads with all its nodes known and none overlapping; the
+sampler shows the knobs its mode reads, as the knob table says; the Templates
+browser lists every workflow with its thumbnail and title; the embedded workflows,
+queued from the page, show a picture (or text) on every output node.  Screenshots
+go to ``out/web-page/`` (``SPEC_AR_WEB_OUT`` elsewhere) for a person to look at.
+"""
+import json
+import os
+import pathlib
+import urllib.parse
+
+import pytest
+
+from spec_ar.workflows.catalog import CATALOG, embedded, title
+
+from .comfyui_server import ComfyServer, locate
+from .web_page import PACK, WebPage, chromium, frontend_missing, overlaps, playwright_missing, prepare_user
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+WORKFLOWS = REPO / "workflows"
+OUT = pathlib.Path(os.environ.get("SPEC_AR_WEB_OUT", REPO / "out" / "web-page"))
+IMAGE_OUTPUTS = {"SaveImage", "PreviewImage", "SpecAR_ReportPlot"}
+TEXT_OUTPUTS = {"PreviewAny", "SpecAR_ReportTable"}
+
+
+def _missing() -> str | None:
+    located = locate()
+    if isinstance(located, str):
+        return located
+    missing = playwright_missing() or frontend_missing(located[1])
+    if missing:
+        return missing
+    try:
+        chromium()
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+MISSING = _missing()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"web page test: {MISSING}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("web")
+    (base / "models").mkdir()
+    prepare_user(base)
+    with ComfyServer(base, base / "models", frontend=True) as srv:
+        yield srv
+    assert not srv.pack_failures(), srv.pack_failures()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with WebPage(server.url) as p:
+        yield p
+        assert not p.pack_failures(), f"failed requests for the pack's files: {p.pack_failures()}"
+        assert not p.pack_errors(), f"page errors from the pack: {p.pack_errors()}"
+
+
+def _ui(name: str) -> dict:
+    return json.loads((WORKFLOWS / f"{title(name)}.json").read_text())
+
+
+def _boxes(page) -> list[tuple[str, list[float]]]:
+    return [(f"{n['id']} {n['type']}", n["box"]) for n in page.nodes()]
+
+
+def _group_trouble(page) -> list[str]:
+    """Groups that overlap each other, and nodes cut by a group's border."""
+    groups = page.groups()
+    trouble = [f"groups {a} / {b}" for a, b in overlaps([(g["title"], g["box"]) for g in groups])]
+    for node, (x, y, w, h) in _boxes(page):
+        for g in groups:
+            gx, gy, gw, gh = g["box"]
+            inside = gx <= x and x + w <= gx + gw and gy <= y and y + h <= gy + gh
+            apart = x + w <= gx or gx + gw <= x or y + h <= gy or gy + gh <= y
+            if not (inside or apart):
+                trouble.append(f"{node} crosses group {g['title']!r}")
+    return trouble
+
+
+@pytest.mark.parametrize("name", list(CATALOG))
+def test_every_shipped_workflow_loads_with_known_nodes_and_none_overlapping(page, name):
+    page.load(_ui(name), name)
+    nodes = page.nodes()
+    assert nodes and all(n["registered"] for n in nodes), [n["type"] for n in nodes if not n["registered"]]
+    assert overlaps(_boxes(page)) == [], f"{name}: overlapping nodes"
+    assert _group_trouble(page) == []
+    page.fit()
+    page.screenshot(OUT / f"{name}.png")
+
+
+def _sampler_widgets(page) -> list[str]:
+    return next(n["widgets"] for n in page.nodes() if n["type"] == "SpecAR_Sampler")
+
+
+def _set(page, name: str, value) -> None:
+    """Change a sampler widget as the page does when a user picks a value."""
+    page.js("""([name, value]) => {
+        const node = window.app.graph.nodes.find((n) => n.type === "SpecAR_Sampler");
+        const w = node.widgets.find((w) => w.name === name);
+        w.value = value;
+        w.callback?.(value, window.app.canvas, node);
+    }""", [name, value])
+
+
+def _saved_values(page) -> list:
+    return page.js("""() => window.app.graph.nodes.find((n) => n.type === "SpecAR_Sampler")
+                        .serialize().widgets_values""")
+
+
+def _expected(mode: str, schedule: str = "auto", family_defaults: bool = True) -> set[str]:
+    """The knob table's answer: every widget that is no knob, and the knobs this setting reads."""
+    from spec_ar.nodes import common
+    from spec_ar.sampling.config import KNOBS, SAMPLING_FALLBACK, DecodeConfig
+
+    config = DecodeConfig(mode=mode, schedule=None if schedule == common.AUTO else schedule)
+    return {w["label"] for w in common.sampler_widgets()
+            if KNOBS[w["field"]].used_by(config) and not (family_defaults and w["field"] in SAMPLING_FALLBACK)}
+
+
+def test_the_sampler_shows_the_knobs_its_mode_reads_and_saves_every_value(page):
+    from spec_ar.nodes import common
+    from spec_ar.sampling.config import MODES
+
+    page.load(_ui("embedded_t2i_sjd"), "knobs")
+    all_widgets = set(page.js("""() => window.app.graph.nodes.find((n) => n.type === "SpecAR_Sampler")
+                                 .widgets.map((w) => w.name)"""))
+    knobs = {w["label"] for w in common.sampler_widgets()}
+    fixed = all_widgets - knobs
+    assert {"prompt", "mode", "seed", "batch_size", common.FAMILY_DEFAULTS} <= fixed
+    _set(page, "G", 50)  # a GSD knob, hidden in every other mode: its value must survive
+    saved = _saved_values(page)
+    counts = {}
+    for mode in MODES:
+        _set(page, "mode", mode)
+        shown = set(_sampler_widgets(page))
+        assert shown == fixed | _expected(mode), f"{mode}: shown {sorted(shown)}"
+        counts[mode] = len(shown)
+        _set(page, common.FAMILY_DEFAULTS, False)
+        assert set(_sampler_widgets(page)) == fixed | _expected(mode, family_defaults=False), mode
+        counts[f"{mode}, family_defaults off"] = len(_sampler_widgets(page))
+        _set(page, common.FAMILY_DEFAULTS, True)
+    for schedule in ("uniform", "similarity"):  # VVS skipping on GSD shows its knob
+        _set(page, "mode", "gsd")
+        _set(page, "schedule", schedule)
+        assert set(_sampler_widgets(page)) == fixed | _expected("gsd", schedule), schedule
+        counts[f"gsd, schedule {schedule}"] = len(_sampler_widgets(page))
+        _set(page, "schedule", "auto")
+    _set(page, "mode", "sjd")
+    assert _saved_values(page) == saved  # hiding changed nothing that is saved
+    assert saved[[w for w in page.js("""() => window.app.graph.nodes.find((n) => n.type === "SpecAR_Sampler")
+                                       .widgets.filter((w) => w.serialize !== false).map((w) => w.name)""")
+                  ].index("G")] == 50
+    counts["all widgets"] = len(all_widgets)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "sampler_widget_counts.json").write_text(json.dumps(counts, indent=1) + "\n")
+    assert counts["ar"] < counts["sjd"] < counts["gsd"] < counts["all widgets"]
+
+
+def test_the_templates_browser_lists_every_workflow_with_its_thumbnail_and_title(page):
+    page.js("async () => { await window.app.extensionManager.command.execute('Comfy.BrowseTemplates'); }")
+    dialog = page.page.get_by_role("dialog")
+    dialog.get_by_text(PACK, exact=True).first.click()
+    pictured = {}
+    for name in CATALOG:  # each card in view in turn: the page loads a thumbnail when its card shows
+        dialog.get_by_text(title(name), exact=True).first.scroll_into_view_if_needed()
+        pictured[name] = page.js("""async (text) => {
+            for (let i = 0; i < 40; i++) {
+                const label = [...document.querySelectorAll('[role=dialog] *')]
+                    .find((e) => e.children.length === 0 && e.textContent.trim() === text);
+                let card = label;
+                while (card && !card.querySelector('img')) card = card.parentElement;
+                const img = card?.querySelector('img');
+                if (img && img.complete && img.naturalWidth > 0) return [img.naturalWidth, img.naturalHeight];
+                await new Promise((r) => setTimeout(r, 100));
+            }
+            return null;
+        }""", title(name))
+    # the page fetches each thumbnail from the pack's folder, then shows it from a blob: URL
+    fetched = {urllib.parse.unquote(u).rsplit("/", 1)[1] for u in page.loaded if f"/workflow_templates/{PACK}/" in u}
+    for name in CATALOG:
+        assert f"{title(name)}.jpg" in fetched, f"{title(name)}: no thumbnail fetched"
+        assert pictured[name] == [512, 512], f"{title(name)}: card picture {pictured[name]}"
+    dialog.get_by_text(title("embedded_mode_comparison"), exact=True).first.scroll_into_view_if_needed()
+    page.screenshot(OUT / "templates.png")
+    page.open()  # the page again, without the dialog
+
+
+@pytest.mark.parametrize("name", [n for n in CATALOG if embedded(n)])
+def test_embedded_workflows_queued_from_the_page_show_output_on_every_output_node(page, server, name):
+    page.load(_ui(name), name)
+    page.queue()
+    page.wait_idle(server)
+    shown = page.js("""() => window.app.graph.nodes.map((n) => ({
+        type: n.type,
+        images: (n.imgs || []).filter((i) => i.complete && i.naturalWidth > 0).length,
+        text: (n.widgets || []).filter((w) => w.serialize === false || w.name === 'preview')
+                  .map((w) => String(w.value ?? '')).join(''),
+    }))""")
+    for node in shown:
+        if node["type"] in IMAGE_OUTPUTS:
+            assert node["images"] >= 1, f"{name}: {node['type']} shows no image"
+        if node["type"] in TEXT_OUTPUTS:
+            assert node["text"].strip(), f"{name}: {node['type']} shows no text"
+    assert overlaps(_boxes(page)) == [], f"{name}: nodes overlap after the run"
+    assert _group_trouble(page) == []
+    page.fit()
+    page.screenshot(OUT / f"{name} after a run.png")
