@@ -109,7 +109,7 @@ TITLE, GROUP_HEAD, GROUP_PAD, GAP_X, GAP_Y, MARGIN = 30, 56, 14, 70, 40, 40
 #: minimum for the node's widgets, measured in the browser, wins where larger
 PREFERRED = {"PreviewImage": (300, 340), "SaveImage": (300, 340), "PreviewAny": (380, 240),
              "SpecAR_ReportTable": (620, 320), "SpecAR_ReportPlot": (520, 440), "SpecAR_Sampler": (360, 0),
-             "SpecAR_LoadModel": (340, 0), "SpecAR_PromptList": (360, 0)}
+             "SpecAR_LoadModel": (340, 0), "SpecAR_PromptList": (380, 200)}
 DEFAULT_SIZE = (320, 120)
 
 
