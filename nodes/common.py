@@ -278,7 +278,7 @@ class PreviewThrottle:
 
 
 def image_preview(image):
-    """A PIL picture of one ``[H, W, 3]`` image in [0, 1] (the finished image's preview)."""
+    """A PIL picture of one ``[H, W, 3]`` image in [0, 1] (previews: finished or partial)."""
     import numpy as np
     from PIL import Image
 
@@ -287,17 +287,14 @@ def image_preview(image):
 
 def partial_preview(decode, tokens, committed: int, layout):
     """A PIL preview of the first image: decoded tokens, rows not yet committed greyed."""
-    import numpy as np
-    from PIL import Image
-
     pos = layout.image_positions().to(tokens.device)
     grid = tokens[:1, pos].view(1, *layout.grid)
     done = int((pos < committed).sum())
-    img = decode(grid)[0].permute(1, 2, 0).float().cpu().numpy()
+    img = decode(grid)[0].permute(1, 2, 0).float()
     rows, cols = layout.grid
     cell = img.shape[0] // rows
     full_rows, part = divmod(done, cols)
     img[(full_rows + (part > 0)) * cell:] = 0.5
     if part:
         img[full_rows * cell:(full_rows + 1) * cell, part * cell:] = 0.5
-    return Image.fromarray((img * 255).round().astype(np.uint8))
+    return image_preview(img)

@@ -157,7 +157,7 @@ def test_partial_preview_greys_rows_not_yet_committed():
 
 
 def test_knob_visibility_lists_for_each_mode_the_knobs_it_reads():
-    from spec_ar.sampling.config import KNOBS, MODES, DecodeConfig
+    from spec_ar.sampling.config import KNOBS, MODES
 
     table = common.knob_visibility()
     by_label = {w["label"]: w["field"] for w in common.sampler_widgets()}
@@ -166,10 +166,12 @@ def test_knob_visibility_lists_for_each_mode_the_knobs_it_reads():
     assert "G" in table["visible"]["gsd"]["auto"] and "G" not in table["visible"]["lantern"]["auto"]
     assert "skip_interval" in table["visible"]["vvs"]["auto"]  # the mode's own schedule
     assert "skip_threshold" in table["visible"]["sjd"]["similarity"]  # a schedule chosen on the node
-    for mode, choices in table["visible"].items():
-        for choice, shown in choices.items():
-            config = DecodeConfig(mode=mode, schedule=None if choice == common.AUTO else choice)
-            assert shown == [k for k in table["knobs"] if KNOBS[by_label[k]].used_by(config)], (mode, choice)
+    drafting = {k for k in table["knobs"] if "drafts" in KNOBS[by_label[k]].uses}
+    assert drafting == {"schedule", "window", "draft_init", "draft_coupling"}
+    for mode in MODES:  # drafting knobs: every mode but ar, whatever the schedule choice
+        for shown in table["visible"][mode].values():
+            assert (drafting <= set(shown)) == (mode != "ar"), mode
+    assert set(table["knobs"]) == set(by_label)  # every widget of the knob table is governed
 
 
 def test_image_preview_is_the_picture_itself():

@@ -187,8 +187,12 @@ def test_the_templates_browser_lists_every_workflow_with_its_thumbnail_and_title
     for name in CATALOG:
         assert f"{title(name)}.jpg" in fetched, f"{title(name)}: no thumbnail fetched"
         assert pictured[name] == [512, 512], f"{title(name)}: card picture {pictured[name]}"
-    dialog.get_by_text(title("embedded_mode_comparison"), exact=True).first.scroll_into_view_if_needed()
+    # a page tall enough for every card at once, for the screenshot
+    page.page.set_viewport_size({"width": page.viewport[0], "height": 2000})
+    dialog.get_by_text(PACK, exact=True).first.scroll_into_view_if_needed()
+    page.page.wait_for_timeout(1000)
     page.screenshot(OUT / "templates.png")
+    page.page.set_viewport_size({"width": page.viewport[0], "height": page.viewport[1]})
     page.open()  # the page again, without the dialog
 
 

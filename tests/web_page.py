@@ -116,16 +116,15 @@ class WebPage:
         self.page.wait_for_timeout(300)  # the frontend sizes DOM widgets on the next frames
 
     def nodes(self) -> list[dict]:
-        """Every node of the open graph: type, title, whether its type is registered,
-        its box as drawn (``[x, y, w, h]`` with the title bar) and its visible widgets."""
+        """Every node of the open graph: type, whether its type is registered, its box as
+        drawn (``[x, y, w, h]`` with the title bar) and its visible widgets."""
         return self.js("""() => {
             const title = window.LiteGraph.NODE_TITLE_HEIGHT;
             return window.app.graph.nodes.map((n) => ({
-                id: n.id, type: n.type, title: n.title,
+                id: n.id, type: n.type,
                 registered: !!window.LiteGraph.registered_node_types[n.type],
                 box: [n.pos[0], n.pos[1] - title, n.size[0], n.size[1] + title],
                 widgets: (n.widgets || []).filter((w) => !w.hidden).map((w) => w.name),
-                values: Object.fromEntries((n.widgets || []).map((w) => [w.name, w.value])),
             }));
         }""")
 
@@ -174,11 +173,11 @@ class WebPage:
         raise TimeoutError(f"the queue did not empty within {timeout} s")
 
 
-def overlaps(boxes: list[tuple[str, list[float]]], margin: float = 0.0) -> list[tuple[str, str]]:
-    """Pairs of named boxes ``[x, y, w, h]`` that intersect (closer than ``margin``)."""
+def overlaps(boxes: list[tuple[str, list[float]]]) -> list[tuple[str, str]]:
+    """Pairs of named boxes ``[x, y, w, h]`` that intersect."""
     out = []
     for i, (a, (ax, ay, aw, ah)) in enumerate(boxes):
         for b, (bx, by, bw, bh) in boxes[i + 1:]:
-            if ax < bx + bw + margin and bx < ax + aw + margin and ay < by + bh + margin and by < ay + ah + margin:
+            if ax < bx + bw and bx < ax + aw and ay < by + bh and by < ay + ah:
                 out.append((a, b))
     return out

@@ -34,7 +34,7 @@ function setHidden(w, hidden) {
   return true;
 }
 
-export function refresh(node, table) {
+function refresh(node, table) {
   const mode = widget(node, "mode")?.value;
   const schedule = widget(node, table.schedule)?.value;
   const shown = table.visible[mode]?.[schedule] ?? table.knobs;  // an unknown mode: hide nothing
@@ -93,10 +93,11 @@ app.registerExtension({
       refresh(this, table);
       return out;
     };
+    // a link into a knob's input shows that knob (only input links matter)
     const connections = nodeType.prototype.onConnectionsChange;
-    nodeType.prototype.onConnectionsChange = function (...args) {
-      const out = connections?.apply(this, args);
-      if (this.widgets) refresh(this, table);
+    nodeType.prototype.onConnectionsChange = function (type, ...rest) {
+      const out = connections?.call(this, type, ...rest);
+      if (this.widgets && type === (window.LiteGraph?.INPUT ?? 1)) refresh(this, table);
       return out;
     };
   },

@@ -21,6 +21,7 @@ import sys
 import tempfile
 
 from spec_ar.workflows.catalog import CATALOG, embedded, title
+from spec_ar.workflows.format import WIDGET_TYPES
 
 HERE = pathlib.Path(__file__).resolve().parent
 PROMPT = "a red circle in the top left on a striped blue background"
@@ -100,7 +101,7 @@ def _widget_inputs(info: dict) -> list[tuple[str, list, dict]]:
 
 
 def _is_widget(kind) -> bool:
-    return isinstance(kind, list) or kind in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
+    return isinstance(kind, list) or kind in WIDGET_TYPES
 
 
 #: LiteGraph's node title bar, above a node's ``pos``; the group title band; gaps between boxes

@@ -84,7 +84,7 @@ def render(server, name: str, api: dict) -> Image.Image:
     img = Image.new("RGB", (SIZE, SIZE), BACKGROUND)
     d = ImageDraw.Draw(img)
     samplers = by_class.get("SpecAR_Sampler", [])
-    if len(samplers) > 1:  # the comparison: each mode's picture, with its forward passes
+    if len(samplers) > 1:  # the comparison: each mode's picture, and the report plot
         previews = by_class["PreviewImage"]
         for i, node_id in enumerate(previews):
             source = api[node_id]["inputs"]["images"][0]
