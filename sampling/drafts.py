@@ -6,8 +6,13 @@ what it may read and write) and implements two calls:
 * ``after_verify(state, probs, samples, first_new)`` once a forward has been
   judged: ``probs`` ``[B, L, V]`` are the target rows of the window (row ``j`` for
   position ``state.window_positions[:, j] + 1``), ``samples`` ``[B, L]`` one draw
-  from each row, and rows after ``first_new`` ``[B]`` hold positions still to be
-  drafted;
+  per row, and rows after ``first_new`` ``[B]`` hold positions still to be
+  drafted.  What a later row's draw is depends on the source's ``redraw``
+  attribute: ``"independent"`` (the default) a fresh draw from the row;
+  ``"coupled"`` where the position holds a draft ``x`` drawn from ``q``, that
+  draft kept with probability ``min(1, p(x) / q(x))`` or else a draw from
+  ``norm(max(0, p - q))`` (the engine makes these with the row's own verification
+  uniforms, in the pass that resamples the first rejection);
 * ``extend(state, start, stop, width)`` to put fresh drafts at positions
   ``[start[b], stop[b])`` of each sample (``width >= max(stop - start)``).
 
@@ -31,12 +36,13 @@ from typing import Protocol
 import torch
 
 from . import rng
-from .acceptance import DraftDistributions
 from .state import DecodeState
 
 
 class DraftSource(Protocol):
     """What the engine needs from a draft source (see the module docstring)."""
+
+    redraw: str  # "independent" or "coupled": the draws ``after_verify`` gets for later rows
 
     def after_verify(self, st: DecodeState, probs: torch.Tensor, samples: torch.Tensor,
                      first_new: torch.Tensor) -> None: ...
@@ -81,7 +87,16 @@ class JacobiDrafts:
       across passes whenever the argmax does (at least ``(1 - TV) / (1 + TV)``).
 
     Either way the next verification compares the draft with ``q = p_new``, the
-    distribution it was drawn from, so acceptance stays exact.  Where we depart
+    distribution it was drawn from, so acceptance stays exact.  ``maximal`` is
+    what exact speculative sampling does to a draft anyway (keep with the ratio,
+    else the residual), so this class asks the engine for it (``redraw =
+    "coupled"``) and the engine applies it to every row from the first rejection
+    on, with the rows' verification uniforms, which nothing else reads after the
+    first rejection (MC-SJD's merged form).  Under exact acceptance the
+    verifier's test at those rows is then the coupling test and one residual
+    pass over the vocabulary serves the first rejection and the redrawn drafts;
+    under GSD and LANTERN the coupling keeps the exact ratio (the drafts stay
+    ``p_new``-distributed) and the first rejection takes the rule's residual.  Where we depart
     from the authors' code: their Lumina-mGPT and Janus schedulers keep ``q_old``
     as the ``q`` of a kept draft, which biases the output (the kept draft is
     ``p_new``-distributed); their Cosmos sampler, and this class, use ``p_new``.
@@ -100,6 +115,7 @@ class JacobiDrafts:
 
     def __init__(self, init: str, coupling: str = "none"):
         self.init, self.coupling = init, coupling
+        self.redraw = "coupled" if coupling == "maximal" else "independent"
 
     def after_verify(self, st, probs, samples, first_new):
         pos = st.window_positions + 1  # the positions the window's rows predict
@@ -107,12 +123,7 @@ class JacobiDrafts:
         tail = st.arange(L).unsqueeze(0) > first_new.unsqueeze(1)
         old = st.seq.gather(1, pos)
         had = pos < st.draft_end.unsqueeze(1)  # holds a draft from before this pass
-        if self.coupling == "maximal":
-            new = self._maximal(st, probs, samples, pos, old, had, tail)
-        elif self.coupling == "gumbel":
-            new = self._gumbel(st, probs, pos, L)
-        else:
-            new = samples
+        new = self._gumbel(st, probs, pos, L) if self.coupling == "gumbel" else samples
         redrawn = tail & had
         st.drafts_redrawn += redrawn.sum(1)
         st.drafts_kept += (redrawn & (new == old)).sum(1)
@@ -124,28 +135,6 @@ class JacobiDrafts:
         st.draft_end = torch.maximum(st.draft_end, end)
         st.informed_end = torch.maximum(st.informed_end, end)
         st.host_draft_end = [max(d, c + L + 1) for d, c in zip(st.host_draft_end, st.host_cached)]
-
-    @staticmethod
-    def _maximal(st, probs, samples, pos, old, had, tail):
-        V = probs.shape[-1]
-        slots = pos % st.ring_size
-        u = rng.uniform(st.keys, st.step, rng.COUPLE, pos, lanes=2)
-        p_x = probs.gather(-1, old.unsqueeze(-1)).squeeze(-1)
-        q_x = DraftDistributions(st.ring, slots, st.batch_idx).at(old)  # the previous drafts' q
-        keep = u[..., 0] * q_x < p_x  # u < p_new(x) / q_old(x)
-        new = torch.where(had, old, samples)
-        # only the re-drafted positions that lose their draft pass over the vocabulary
-        # (p_new == q_old leaves no residual, and then x is always kept)
-        redo = (tail & had & ~keep).view(-1).nonzero().squeeze(1)
-        n = redo.numel()
-        residual = st.buffer("couple_residual", pos.shape[1]).view(-1, V)[:n]
-        q_old = st.buffer("couple_q_old", pos.shape[1]).view(-1, V)[:n]
-        torch.index_select(probs.reshape(-1, V), 0, redo, out=residual)
-        rows = (st.batch_idx * st.ring.shape[1] + slots).view(-1)  # their rows in the ring
-        torch.index_select(st.ring.view(-1, V), 0, rows[redo], out=q_old)
-        residual.sub_(q_old).clamp_(min=0.0)
-        draws = rng.categorical(residual, u.view(-1, 2)[redo, 1:], q_old).squeeze(-1)
-        return new.view(-1).index_copy_(0, redo, draws).view_as(old)
 
     @staticmethod
     def _gumbel(st, probs, pos, L):

@@ -15,9 +15,10 @@ A verified step, for every sample at once:
 3. the stopping row gets a new token: resampled from the rule's residual after a
    rejection, or drawn from ``p`` (the bonus) when every draft passed;
 4. the rows after it are re-drawn from ``p`` and kept as the next drafts
-   (Jacobi), everything is written to the ring of distributions, the adapter's
-   cache is rolled back to the kept prefix, and new window positions are
-   initialised.
+   (Jacobi; with coupled drafting each is coupled with the draft already there,
+   in the same pass as the first rejection's residual), everything is written
+   to the ring of distributions, the adapter's cache is rolled back to the kept
+   prefix, and new window positions are initialised.
 
 A skipped step (VVS) commits part of each sample's informed draft tail without a
 forward.  The only host synchronisation per step is reading the new lengths
@@ -37,7 +38,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import rng
-from .acceptance import DraftDistributions, make_rule
+from .acceptance import DraftDistributions, ExactAcceptance, make_rule
 from .adapter import ImageAdapter
 from .config import ConfigError, DecodeConfig
 from .drafts import DraftSource, JacobiDrafts
@@ -51,6 +52,9 @@ from .request import normalize_request
 from .schedule import make_schedule
 from .state import DecodeState, Sizes
 from .timing import Timer
+
+EXACT = ExactAcceptance()
+DENSE_RESIDUAL = 1 << 17  # CPU: window rows x vocabulary up to which every row's residual is drawn
 
 @dataclass
 class StepEvent:
@@ -114,6 +118,10 @@ class SpeculativeDecoder:
         self.schedule = make_schedule(config.verify_schedule, config, geometry)
         self.drafter = drafter or JacobiDrafts(config.init, config.draft_coupling)
         self.guided = self.pipeline.guidance.branches > 1
+        # the draft source wants the rows after the first rejection coupled with their
+        # old drafts (see _verify), and under exact acceptance that is the verifier's test
+        self.coupled = getattr(self.drafter, "redraw", "independent") == "coupled" and config.drafts > 0
+        self.exact = type(self.rule) is ExactAcceptance
 
     # -- public -------------------------------------------------------------
     def generate(
@@ -251,21 +259,27 @@ class SpeculativeDecoder:
         probs = self.pipeline(self._forward(st, inp, timer), target, st.buffer("probs", L))  # [B, L, V]
         u = rng.uniform(st.keys, st.step, rng.VERIFY, target, lanes=2)  # coin, sample
         committed_before = st.n_committed
+        coupled = self.coupled
 
-        # judge the drafts: rows 0..L-2 predict the window's own tokens 1..L-1
+        # judge the drafts: row j's draft is the token at position base + j + 1, for
+        # rows 0..L-2 the window's own next input; coupled drafting judges the last
+        # row's draft too (the test is its coupling test, see below)
         tested = L - 1
         slots = target % st.ring_size
+        judged = L if coupled and self.exact else tested
+        x = st.seq.gather(1, target) if coupled else inp[:, 1:]
+        if judged:
+            q = DraftDistributions(st.ring, slots[:, :judged], st.batch_idx)
+            test = u[:, :judged, 0] < self.rule.accept_prob(probs[:, :judged], q, x[:, :judged])
         if tested:
-            x, tp = inp[:, 1:], target[:, :-1]
-            q = DraftDistributions(st.ring, slots[:, :-1], st.batch_idx)
-            ok = u[:, :-1, 0] < self.rule.accept_prob(probs[:, :-1], q, x)
+            ok, tp = test[:, :tested], target[:, :-1]
             # committed (post-verified) and forced rows stand without a test
             if waiting > 1:
-                ok |= tp < st.n_committed.unsqueeze(1)
+                ok = ok | (tp < st.n_committed.unsqueeze(1))
             if st.any_forced:
-                ok |= st.forced_at[tp] >= 0
+                ok = ok | (st.forced_at[tp] >= 0)
             if near_end:
-                ok &= tp < T
+                ok = ok & (tp < T)
             passed = ok.to(torch.int32).cumprod(1).sum(1).long()  # rows that stand
         else:
             passed = torch.zeros(B, dtype=torch.long, device=base.device)
@@ -275,9 +289,26 @@ class SpeculativeDecoder:
         samples = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
         bad = st.buffer("cumsum", L)[..., -1].isnan() & (target < T)  # rows that are no distribution
         first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
-        new_tok = samples.gather(1, passed.unsqueeze(1))
         rejected = passed < tested
-        if tested:
+        if coupled:
+            # MC-SJD: from row `passed` on, a row whose position holds a draft x (drawn
+            # from q) keeps it with probability min(1, p(x) / q(x)), else draws from
+            # norm(max(0, p - q)).  That is exact speculative sampling (a maximal
+            # coupling of q and p), so the row's token is p-distributed whether it is
+            # committed (the first rejection, the bonus) or becomes the next draft.  Coin
+            # and draw are the row's verification uniforms, which nothing else reads
+            # from the first rejection on: under exact acceptance the test above is the
+            # coupling test and one residual pass serves every row.
+            had = (window.unsqueeze(0) >= passed.unsqueeze(1)) & (target < st.draft_end.unsqueeze(1))
+            stays = test if self.exact else u[..., 0] < EXACT.accept_prob(
+                probs, DraftDistributions(st.ring, slots, st.batch_idx), x)
+            redo = had & ~stays
+            drawn = self._residual_draws(st, probs, slots, redo, u, torch.where(had, x, samples), samples)
+        else:
+            drawn = samples
+        new_tok = drawn.gather(1, passed.unsqueeze(1))
+        if tested and not (coupled and self.exact):
+            # the first rejection resamples from the rule's residual (same uniform)
             row = passed.clamp(max=tested - 1).unsqueeze(1)
             p_row = probs[st.batch_idx, row].squeeze(1)
             q_row = st.ring[st.batch_idx, slots.gather(1, row)].squeeze(1)
@@ -288,7 +319,7 @@ class SpeculativeDecoder:
             new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
 
         # next drafts (Jacobi: the tail); the new token lands after them
-        self.drafter.after_verify(st, probs, samples, passed)
+        self.drafter.after_verify(st, probs, drawn, passed)
         stop = base.unsqueeze(1) + passed.unsqueeze(1) + 1
         st.seq.scatter_(1, torch.where(stop < T, stop, st.scratch), new_tok)
 
@@ -318,6 +349,36 @@ class SpeculativeDecoder:
         if plan is not None and min(sync[3]) >= 0 and max(sync[3]) > 0:
             return plan, sync[3]
         return None
+
+    @staticmethod
+    def _residual_draws(st, probs, slots, redo, u, tokens, samples):
+        """``tokens`` with each row flagged in ``redo`` replaced by a draw from
+        ``norm(max(0, p - q))`` (``q``: the row's draft distribution in the ring) with
+        the row's sample uniform; where that leaves no mass (``p`` and ``q`` equal to
+        float precision), the row's draw from ``p`` (``samples``, the same uniform).
+
+        On CUDA, and on CPU while rows x vocabulary stay under ``DENSE_RESIDUAL``,
+        every row's residual is computed (a few whole-window ops, no host sync);
+        larger CPU windows pick the flagged rows first, so rows that keep their
+        draft cost no pass over the vocabulary.  Both give the same tokens."""
+        V = probs.shape[-1]
+        if probs.is_cuda or redo.numel() * V <= DENSE_RESIDUAL:
+            res = st.rows(st.ring, slots, "residual_q")
+            torch.sub(probs, res, out=res).clamp_(min=0.0)
+            draws = rng.categorical(res, u[..., 1:], st.buffer("residual", slots.shape[1]), empty="past-end")
+            tokens = torch.where(redo, draws.squeeze(-1), tokens)
+            return torch.where(tokens < V, tokens, samples)
+        idx = redo.view(-1).nonzero().squeeze(1)
+        n = idx.numel()
+        res = st.buffer("residual", slots.shape[1]).view(-1, V)[:n]
+        q = st.buffer("residual_q", slots.shape[1]).view(-1, V)[:n]
+        torch.index_select(probs.reshape(-1, V), 0, idx, out=res)
+        flat = (st.batch_idx * st.ring.shape[1] + slots).view(-1)
+        torch.index_select(st.ring.view(-1, V), 0, flat[idx], out=q)
+        res.sub_(q).clamp_(min=0.0)
+        draws = rng.categorical(res, u.view(-1, 2)[idx, 1:], q, empty="past-end")
+        tokens.view(-1).index_copy_(0, idx, draws.view(-1))
+        return torch.where(tokens < V, tokens, samples)
 
     def _skip(self, st: DecodeState, m: torch.Tensor, m_host: list[int]):
         """Commit ``m[b]`` informed drafts of each sample without a forward."""

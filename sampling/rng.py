@@ -27,7 +27,7 @@ _MUL2 = -7723592293110705685  # 0x94D049BB133111EB
 VERIFY = 1  # per window row: lane 0 the acceptance coin, lane 1 the row's sample
 INIT = 2  # draft initialisation
 PATHS = 3  # VVS candidate paths: stream PATHS + path index (up to 64 paths)
-COUPLE = 1000  # coupled Jacobi drafts: lane 0 keeps the old draft, lane 1 draws from the residual
+COUPLE = 1000  # coupled Jacobi drafts: COUPLE + 1 seeds the gumbel noise (maximal reuses VERIFY's lanes)
 
 
 def _wrap(v: int) -> int:
@@ -75,18 +75,22 @@ def uniform(keys: torch.Tensor, step: int | torch.Tensor, stream: int, positions
     return torch.stack([_shr(h, 40), _shr(h, 16) & 0xFFFFFF], -1).to(torch.float32) * (1.0 / (1 << 24))
 
 
-def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | None = None) -> torch.Tensor:
+def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | None = None,
+                empty: str = "clamp") -> torch.Tensor:
     """Inverse-CDF draws from the rows of ``probs`` (``[..., V]``, any scale), one per
     uniform in ``u`` (``[..., n]``): returns ``[..., n]`` token ids.
 
-    Never returns a zero-probability token: the target stays strictly below the
-    row total, so the first cumulative sum above it ends on a token with mass.
+    Never returns a zero-probability token of a row with mass: the target stays
+    strictly below the row total, so the first cumulative sum above it ends on a
+    token with mass.  A row without mass gives ``V - 1`` (``empty="clamp"``) or
+    ``V`` (``empty="past-end"``, for a caller that falls back to another draw).
     ``workspace`` (shaped like ``probs``) saves an allocation.
     """
     c = probs.cumsum(-1) if workspace is None else torch.cumsum(probs, -1, out=workspace)
     total = c[..., -1:]
     v = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(c, v, right=True).clamp_(max=probs.shape[-1] - 1)
+    ids = torch.searchsorted(c, v, right=True)
+    return ids.clamp_(max=probs.shape[-1] - 1) if empty == "clamp" else ids
 
 
 def sample_generator(seed: int, stream: int, device=None) -> torch.Generator:

@@ -58,3 +58,18 @@ def test_seeds_change_the_image(model):
     a = decode(model, [0, 0], [1, 2], mode="sjd").tokens
     assert not torch.equal(a[0], a[1])
     assert torch.equal(decode(model, [0], 1, mode="sjd").tokens[0], a[0])
+
+
+@pytest.mark.parametrize("mode", ["sjd", "gsd", "lantern"])
+def test_coupled_residuals_drawn_for_every_row_or_for_picked_rows_are_the_same(model, mode, monkeypatch):
+    # small windows draw the coupling's residuals for every row, large ones only for
+    # the rows that need one: the same numbers either way, so batch size cannot matter
+    from spec_ar.sampling import engine
+    prompts, seeds = [0, 1, 2, 3], [5, 6, 7, 8]
+    extra = dict(lantern_k=10) if mode == "lantern" else {}
+    monkeypatch.setattr(engine, "DENSE_RESIDUAL", 0)
+    picked = decode(model, prompts, seeds, mode=mode, **extra)
+    monkeypatch.setattr(engine, "DENSE_RESIDUAL", 1 << 40)
+    every = decode(model, prompts, seeds, mode=mode, **extra)
+    assert torch.equal(picked.tokens, every.tokens)
+    assert min(r.draft_stability for r in every.reports) < 1  # residuals were drawn
