@@ -6,10 +6,12 @@ The synthetic model (loaders/synthetic.py) has the vocabulary of LlamaGen
 (16384 codes, a 16x16 grid at 256 px); ``--sizes`` picks its cost: ``small``
 (hidden 256, 2 layers: a window forward of ~4 ms at batch 1 on a 2-core CPU) and
 ``large`` (hidden 768, 12 layers: ~18 ms).  Each window forward is timed and
-printed so the share can be read against it.  Decoding uses LlamaGen's t2i
-sampling defaults (CFG 7.5, top-k 1000) and a window of 16; ``sjd-none`` /
-``sjd-maximal`` / ``sjd-gumbel`` isolate what coupled drafting costs per step.  Also prints the
-LANTERN table memory for a 16384-token codebook.
+printed so the share can be read against it.  Modes take turns run by run
+(``--repeats`` runs each, seeds 0, 100, ...); figures are medians over the runs.
+Decoding uses LlamaGen's t2i sampling defaults (CFG 7.5, top-k 1000) and a
+window of 16; ``sjd-none`` / ``sjd-maximal`` / ``sjd-gumbel`` isolate what
+coupled drafting costs per step.  Also prints the LANTERN table memory for a
+16384-token codebook.
 """
 from __future__ import annotations
 
@@ -91,12 +93,17 @@ def report(model, size, batch, args, device):
     print(f"\n{size} model, batch {batch}: one window forward ({args.window + 1} tokens, CFG) = {fwd:.2f} ms")
     print(f"{'mode':16} {'NFE':>6} {'tok/fwd':>8} {'latency ms':>11} {'model ms':>9} {'engine ms':>10} "
           f"{'engine/step ms':>15} {'engine share':>13}")
-    for name in args.modes:
-        cfg = DecodeConfig(window=args.window, cfg_scale=7.5, top_k=1000, **MODES[name])
-        dec = SpeculativeDecoder(model, cfg)
-        runs = [dec.generate(list(range(batch)), seeds=100 * r).reports[0] for r in range(args.repeats)]
-        rep = min(runs, key=lambda r: r.latency_s)
-        steps = len(rep.step_kinds)
-        print(f"{name:16} {rep.nfe:6d} {rep.tokens_per_forward:8.2f} {rep.latency_s * 1e3:11.1f} "
-              f"{rep.model_time_s * 1e3:9.1f} {rep.engine_time_s * 1e3:10.1f} "
-              f"{rep.engine_time_s * 1e3 / steps:15.2f} {rep.engine_time_s / rep.latency_s:13.1%}")
+    decoders = {name: SpeculativeDecoder(model, DecodeConfig(window=args.window, cfg_scale=7.5, top_k=1000,
+                                                             **MODES[name])) for name in args.modes}
+    runs = {name: [] for name in args.modes}
+    for r in range(args.repeats):  # modes take turns run by run, so drifts of a noisy machine hit all alike
+        for name, dec in decoders.items():
+            runs[name].append(dec.generate(list(range(batch)), seeds=100 * r).reports[0])
+    for name, reps in runs.items():
+        med = lambda f: statistics.median(f(rep) for rep in reps)  # noqa: E731
+        nfe = statistics.mean(rep.nfe for rep in reps)
+        engine = med(lambda rep: rep.engine_time_s * 1e3)
+        print(f"{name:16} {nfe:6.1f} {statistics.mean(rep.tokens_per_forward for rep in reps):8.2f} "
+              f"{med(lambda rep: rep.latency_s * 1e3):11.1f} {med(lambda rep: rep.model_time_s * 1e3):9.1f} "
+              f"{engine:10.1f} {med(lambda rep: rep.engine_time_s * 1e3 / len(rep.step_kinds)):15.2f} "
+              f"{med(lambda rep: rep.engine_time_s / rep.latency_s):13.1%}")
