@@ -8,6 +8,7 @@ from .adapter import ImageAdapter, TokenLayout
 from .config import DRAFT_INITS, MODES, ConfigError, DecodeConfig
 from .checks import NonFiniteError
 from .engine import DecodeResult, SpeculativeDecoder, StepEvent
+from .model_drafts import ModelDrafts
 from .report import ORIGINS, DecodeReport
 
 
@@ -18,5 +19,5 @@ def generate(adapter, conditions, config: DecodeConfig | None = None, negatives=
 
 __all__ = [
     "ConfigError", "DecodeConfig", "DecodeReport", "DecodeResult", "DRAFT_INITS", "ImageAdapter", "MODES",
-    "NonFiniteError", "ORIGINS", "SpeculativeDecoder", "StepEvent", "TokenLayout", "generate",
+    "ModelDrafts", "NonFiniteError", "ORIGINS", "SpeculativeDecoder", "StepEvent", "TokenLayout", "generate",
 ]

@@ -25,9 +25,14 @@ up to date, on the device and, for ``draft_end``, in ``state.host_draft_end``
 
 :class:`JacobiDrafts` is SJD's self-drafting: the unverified tail of a pass,
 re-sampled from that pass, becomes the next drafts with the pass's rows as their
-``q``; new positions get a :data:`DRAFT_INITS` guess.  A learned drafter (e.g.
-LANTERN's EAGLE heads) is another class with the same two calls, running its
-head in ``extend`` and writing its own ``q`` rows.
+``q``; new positions get a :data:`DRAFT_INITS` guess.
+:class:`~.model_drafts.ModelDrafts` runs a draft model in ``extend`` and writes
+its own ``q`` rows.  A source that runs a model may also have ``check(target)``
+(raise :class:`~.config.ConfigError` when it cannot draft for the target; called
+when the decoder is built), ``start(state, conditions, negatives, guided,
+config, timer)`` (after the target's prefill; time its model calls with
+``timer.model("drafter")``), ``finish()`` (after decoding, also on errors) and
+``name`` (shown in reports).
 """
 from __future__ import annotations
 

@@ -112,10 +112,14 @@ class SpeculativeDecoder:
         lay = adapter.layout
         if lay.vocab_size != adapter.vocab_size:
             raise ValueError(f"adapter layout covers {lay.vocab_size} ids but vocab_size is {adapter.vocab_size}")
-        pad = 4 * (2 * config.drafts + 4)
-        self.pipeline = build_pipeline(config, lay, adapter.guidance, adapter.device, pad)
+        self.pipeline = build_pipeline(config, lay, adapter.guidance, adapter.device)
         self.rule = make_rule(config.rule, config, geometry) if config.drafts else None
         self.schedule = make_schedule(config.verify_schedule, config, geometry)
+        if drafter is not None:
+            if not config.drafts:
+                raise ConfigError(f"a draft model drafts for the speculative modes, not {config.mode!r}")
+            if hasattr(drafter, "check"):
+                drafter.check(adapter)
         self.drafter = drafter or JacobiDrafts(config.init, config.draft_coupling)
         self.guided = self.pipeline.guidance.branches > 1
         # the draft source wants the rows after the first rejection coupled with their
@@ -141,6 +145,8 @@ class SpeculativeDecoder:
             return self._run(conditions, negatives, seeds, callback)
         finally:
             self.adapter.release()
+            if hasattr(self.drafter, "finish"):
+                self.drafter.finish()
 
     def memory_per_image(self, conditions: Sequence, negatives: Sequence | None = None) -> dict[str, int]:
         """Bytes one image of a batch of ``conditions`` needs while decoding, by part
@@ -149,9 +155,14 @@ class SpeculativeDecoder:
         ad = self.adapter
         state = state_bytes_per_image(Sizes.of(self.config, ad.layout), ad.vocab_size, ad.branches(self.guided),
                                       ad.layout.length, self.config.draft_coupling)
-        cache = ad.cache_bytes_per_image(list(conditions), None if negatives is None else list(negatives),
-                                         self.guided) or 0
-        return {"KV cache": cache, "decoding state": state}
+        negatives = None if negatives is None else list(negatives)
+        cache = ad.cache_bytes_per_image(list(conditions), negatives, self.guided) or 0
+        parts = {"KV cache": cache, "decoding state": state}
+        drafter = getattr(self.drafter, "adapter", None)
+        if drafter is not None:
+            parts["draft model's KV cache"] = drafter.cache_bytes_per_image(list(conditions), negatives,
+                                                                            self.guided) or 0
+        return parts
 
     def target_probabilities(self, conditions: Sequence, tokens: torch.Tensor, negatives=None,
                              reduce=lambda p: p.amax(-1), chunk: int | None = None) -> torch.Tensor:
@@ -190,6 +201,8 @@ class SpeculativeDecoder:
             st.ring[:, 0] = probs[:, 0]  # position 0's p: sample-left draws from it
             st.draft_end += 1
             st.host_draft_end = [1] * B
+            if hasattr(self.drafter, "start"):
+                self.drafter.start(st, conditions, negatives, self.guided, self.config, timer)
             self._extend(st)
         self._notify(callback, st)
 
@@ -209,7 +222,8 @@ class SpeculativeDecoder:
             check_ar(st)
         timer.stop()
         memory = self._memory_mb(st, timer)
-        return DecodeResult(st.seq[:, :T].clone(), build_reports(st, self.config, timer, memory, ad.device))
+        return DecodeResult(st.seq[:, :T].clone(), build_reports(st, self.config, timer, memory, ad.device,
+                                                                 getattr(self.drafter, "name", "")))
 
     def _memory_mb(self, st: DecodeState, timer: "Timer") -> float:
         if timer.cuda:

@@ -180,10 +180,15 @@ class LogitsPipeline:
         return torch.softmax(z, dim=-1, out=out)
 
 
+def pipeline_pad(config: DecodeConfig) -> int:
+    """Positions past the stream that windows and drafts may score."""
+    return 4 * (2 * config.drafts + 4)
+
+
 def build_pipeline(config: DecodeConfig, layout: TokenLayout, guidance_style: str,
-                   device: torch.device, pad: int) -> LogitsPipeline:
+                   device: torch.device, pad: int | None = None) -> LogitsPipeline:
     """The verified distribution for ``config`` (sampling settings already resolved)."""
-    procs = [GrammarMask(layout, device, pad)]
+    procs = [GrammarMask(layout, device, pipeline_pad(config) if pad is None else pad)]
     if config.temperature == 0:  # greedy: the top token only
         procs.append(TopK(1))
     else:

@@ -37,12 +37,14 @@ class DecodeReport:
     origins: list[int]  # one ORIGINS code per stream position
     step_kinds: str  # per step: "P" prefill, "V" verified forward, "S" skipped verification
     latency_s: float
-    model_time_s: float
-    engine_time_s: float
+    model_time_s: float  # inside the target model's calls
+    engine_time_s: float  # outside every model call
     batch_size: int
     device: str
     memory_mb: float  # engine state and KV cache at the end (CPU); peak allocated during decoding (CUDA)
     settings: dict = field(default_factory=dict)
+    drafter: str = ""  # the draft model, if one drafted (else Jacobi drafts)
+    drafter_time_s: float = 0.0  # inside the draft model's calls
 
     def origin_counts(self) -> dict[str, int]:
         return {name: self.origins.count(code) for code, name in ORIGINS.items()}
@@ -51,8 +53,13 @@ class DecodeReport:
         return asdict(self)
 
     def summary(self) -> str:
-        drafts = ("" if self.mode == "ar" else f"{self.settings.get('draft_coupling', 'none')} coupling: drafts kept "
-                  f"{self.draft_stability:.0%}, ")
+        if self.mode == "ar":
+            drafts = ""
+        elif self.drafter:
+            drafts = f"drafts from {self.drafter} ({self.drafter_time_s * 1000:.0f} ms), "
+        else:
+            drafts = (f"{self.settings.get('draft_coupling', 'none')} coupling: drafts kept "
+                      f"{self.draft_stability:.0%}, ")
         return (
             f"{self.mode}: {self.tokens} tokens in {self.nfe} forwards "
             f"({self.tokens_per_forward:.2f} tokens/forward, MAL {self.mean_accepted_length:.2f}, {drafts}"
@@ -61,7 +68,7 @@ class DecodeReport:
         )
 
 
-def build_reports(st, config, timer, memory_mb: float, device) -> list[DecodeReport]:
+def build_reports(st, config, timer, memory_mb: float, device, drafter: str = "") -> list[DecodeReport]:
     """Origins, counts and histograms, rebuilt from the step log."""
     B, T = st.batch, st.length
     device = st.seq.device
@@ -98,8 +105,9 @@ def build_reports(st, config, timer, memory_mb: float, device) -> list[DecodeRep
             skipped_verifications=skipped[b], unverified_tokens=unverified[b], draft_stability=stability[b],
             origins=origins[b],
             step_kinds=kinds, latency_s=timer.total, model_time_s=timer.model_total,
-            engine_time_s=timer.total - timer.model_total, batch_size=B,
+            engine_time_s=timer.total - sum(timer.spent.values()), batch_size=B,
             device=str(device), memory_mb=memory_mb, settings=settings,
+            drafter=drafter, drafter_time_s=timer.spent["drafter"],
         )
         for b in range(B)
     ]

@@ -27,6 +27,7 @@ _MUL2 = -7723592293110705685  # 0x94D049BB133111EB
 VERIFY = 1  # per window row: lane 0 the acceptance coin, lane 1 the row's sample
 INIT = 2  # draft initialisation
 PATHS = 3  # VVS candidate paths: stream PATHS + path index (up to 64 paths)
+DRAFT = 2000  # draws of a draft model's proposals (model_drafts.py)
 COUPLE = 1000  # coupled Jacobi drafts: COUPLE + 1 seeds the gumbel noise (maximal reuses VERIFY's lanes)
 
 

@@ -1,4 +1,5 @@
-"""Device-synchronised timing of a decode: the whole batch, and the time inside model forwards."""
+"""Device-synchronised timing of a decode: the whole batch, and the time inside model
+forwards, by model (the target; a draft model, if one drafts)."""
 from __future__ import annotations
 
 import time
@@ -14,9 +15,13 @@ class Timer:
 
     def __init__(self, device: torch.device):
         self.cuda = torch.device(device).type == "cuda"
-        self.events: list = []
-        self.model_total = 0.0
+        self.events: list = []  # (kind, start, end) CUDA events
+        self.spent = {"target": 0.0, "drafter": 0.0}  # seconds inside each model's calls
         self.total = 0.0
+
+    @property
+    def model_total(self) -> float:
+        return self.spent["target"]
 
     def start(self):
         if self.cuda:
@@ -27,16 +32,17 @@ class Timer:
     def stop(self):
         if self.cuda:
             torch.cuda.synchronize()
-            self.model_total = sum(a.elapsed_time(b) for a, b in self.events) / 1000.0
+            for kind, a, b in self.events:
+                self.spent[kind] += a.elapsed_time(b) / 1000.0
         self.total = time.perf_counter() - self.t0
 
-    def model(self):
-        return ModelSpan(self)
+    def model(self, kind: str = "target"):
+        return ModelSpan(self, kind)
 
 
 class ModelSpan:
-    def __init__(self, timer: Timer):
-        self.timer = timer
+    def __init__(self, timer: Timer, kind: str):
+        self.timer, self.kind = timer, kind
 
     def __enter__(self):
         if self.timer.cuda:
@@ -49,7 +55,7 @@ class ModelSpan:
         if self.timer.cuda:
             b = torch.cuda.Event(enable_timing=True)
             b.record()
-            self.timer.events.append((self.a, b))
+            self.timer.events.append((self.kind, self.a, b))
         else:
-            self.timer.model_total += time.perf_counter() - self.t
+            self.timer.spent[self.kind] += time.perf_counter() - self.t
         return False

@@ -1,0 +1,118 @@
+"""Chain drafts from a draft model: a smaller model of the same token grammar.
+
+:class:`ModelDrafts` is a draft source (``drafts.py``) that runs a second
+:class:`~.adapter.ImageAdapter` (a sibling: LlamaGen-B for LlamaGen-XL, Janus-Pro-1B
+for Janus-Pro-7B, a smaller embedded model) autoregressively from the committed
+prefix: after each verified forward the drafts past the first rejection are
+dropped and the drafter proposes the next ``horizon`` tokens one by one, each
+drawn from the drafter's own distribution ``q`` (processed like the target's:
+guidance, grammar, temperature, top-k, top-p), which goes to the ring as the
+draft's ``q``.  Acceptance is then the usual rule, so exact acceptance stays
+lossless whatever the drafter is.
+
+Cache: the drafter keeps its own KV cache (its adapter's), per sample; before
+drafting it is rolled back to the position before the first draft, which is fed
+again for its logits (one token more than strictly needed, so nothing has to
+be kept between passes).  It feeds every draft but the last as it drafts, so
+when a pass accepts every draft it has two tokens to catch up on (that draft
+and the new one), otherwise one; the catch-up forward is padded to the longest
+feed of the batch and the padding rolled back at once.
+
+Random numbers: draft ``t`` of sample ``b`` uses ``rng.uniform(keys, step,
+DRAFT, t)``, so an image's drafts do not depend on its batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import rng
+from .adapter import ImageAdapter
+from .config import ConfigError
+from .processing import build_pipeline
+from .state import DecodeState
+
+
+class ModelDrafts:
+    """Draft source running ``adapter`` (whose token layout must be the target's)."""
+
+    redraw = "independent"  # drafts past a rejection are replaced, not redrawn
+
+    def __init__(self, adapter: ImageAdapter, name: str = "draft model"):
+        self.adapter, self.name = adapter, name
+        self.timer = None
+
+    # -- set-up --------------------------------------------------------------
+    def check(self, target: ImageAdapter) -> None:
+        """One clear error when this drafter cannot draft for ``target``."""
+        a, b = self.adapter.layout, target.layout
+        problems = []
+        if self.adapter.vocab_size != target.vocab_size:
+            problems.append(f"vocabulary {self.adapter.vocab_size} ids, the target's {target.vocab_size}")
+        elif not torch.equal(a.image_tokens.cpu(), b.image_tokens.cpu()):
+            problems.append("a different set of image token ids")
+        if a.grid != b.grid or a.length != b.length or a.row_stride != b.row_stride:
+            problems.append(f"a {a.grid[0]}x{a.grid[1]} grid in {a.length} positions, "
+                            f"the target's {b.grid[0]}x{b.grid[1]} in {b.length}")
+        elif not torch.equal(a.forced.cpu(), b.forced.cpu()):
+            problems.append("structural tokens at other positions")
+        if problems:
+            raise ConfigError(f"the {self.name} cannot draft for this model: it has " + "; ".join(problems)
+                              + " (a drafter needs the target's codebook and token layout)")
+
+    def start(self, st: DecodeState, conditions, negatives, guided: bool, config, timer) -> None:
+        """Prefill the drafter with the batch's conditions (called after the target's);
+        its logits are processed with the target's settings (``config``)."""
+        ad = self.adapter
+        self.pipeline = build_pipeline(config, ad.layout, ad.guidance, ad.device)
+        self.timer = timer
+        with timer.model("drafter"):
+            self.adapter.prefill(conditions, negatives, guided)
+        self.cached = [0] * st.batch  # stream positions in the drafter's cache, per sample
+
+    def finish(self) -> None:
+        self.adapter.release()
+
+    # -- the draft source calls ------------------------------------------------
+    def after_verify(self, st: DecodeState, probs, samples, first_new):
+        # drafts after the new token were proposed from a rejected prefix: drop them
+        st.draft_end = st.window_positions[:, 0] + first_new + 1
+        st.host_draft_end = [0] * st.batch  # the engine raises it to the committed length
+
+    def extend(self, st: DecodeState, start: torch.Tensor, stop: torch.Tensor, width: int):
+        B = st.batch
+        first = st.host_draft_end  # == start on the host (the engine just set both)
+        # roll the cache back to the position before the first draft, then feed it
+        # (and any committed tokens the drafter has not seen) for the first draft's q
+        back = [max(0, c - (f - 1)) for c, f in zip(self.cached, first)]
+        self._rollback(back)
+        feed = [f - c for f, c in zip(first, self.cached)]
+        k = max(feed)
+        cols = torch.tensor(self.cached, device=st.seq.device).unsqueeze(1) + st.arange(k)
+        logits = self._forward(st.seq.gather(1, cols))  # [K, B, k, V]
+        last = torch.tensor([n - 1 for n in feed], device=logits.device)
+        logits = logits[:, st.batch_idx.squeeze(1), last].unsqueeze(2)  # each sample's last fed row
+        self.cached = [c + k for c in self.cached]
+        self._rollback([k - n for n in feed])
+        pos, tok = start.unsqueeze(1), None
+        for d in range(width):
+            if tok is not None:  # feed the previous draft for the next one's logits
+                logits = self._forward(tok)
+                self.cached = [c + 1 for c in self.cached]
+            q = self.pipeline(logits, pos)  # [B, 1, V]
+            u = rng.uniform(st.keys, st.step, rng.DRAFT, pos)
+            tok = rng.categorical(q, u.unsqueeze(-1)).view(B, 1)
+            valid = pos < stop.unsqueeze(1)
+            st.seq.scatter_(1, torch.where(valid, pos, st.scratch), tok)
+            st.ring[st.batch_idx, torch.where(valid, pos % st.ring_size, st.ring_size)] = q
+            pos = pos + 1
+        st.informed_end = torch.maximum(st.informed_end, stop)
+
+    # -- helpers ---------------------------------------------------------------
+    def _forward(self, tokens):
+        with self.timer.model("drafter"):
+            return self.adapter.forward(tokens)
+
+    def _rollback(self, n):
+        if any(n):
+            self.adapter.rollback(n)
+            self.cached = [c - m for c, m in zip(self.cached, n)]
