@@ -124,7 +124,7 @@ class SpeculativeDecoder:
         self.guided = self.pipeline.guidance.branches > 1
         # the draft source wants the rows after the first rejection coupled with their
         # old drafts (see _verify), and under exact acceptance that is the verifier's test
-        self.coupled = getattr(self.drafter, "redraw", "independent") == "coupled" and config.drafts > 0
+        self.coupled = getattr(self.drafter, "redraw", "independent") == "coupled"
         self.exact = type(self.rule) is ExactAcceptance
 
     # -- public -------------------------------------------------------------
