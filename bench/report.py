@@ -147,7 +147,7 @@ def markdown(results: dict, charts: list[str]) -> str:
                else []),
              "| setting | NFE | NFE reduction | tokens/forward | MAL |" + (" drafts kept |" if stab else "")
              + " latency ms (IQR) | speed-up |" + "".join(f" batch {b}: ms / speed-up |" for b in batches)
-             + " outside forwards |" + (" engine ms / forward |" if per_fwd else "")
+             + " outside forwards |" + (" engine ms / forward (median) |" if per_fwd else "")
              + " memory MB |" + (" peak RSS MB |" if rss else "") + (" target NLL |" if nll else "")
              + (" adherence | colour / shape / position | FD to real | FD to `ar` |" if q else ""),
              "|" + "---|" * (9 + stab + len(batches) + per_fwd + rss + nll + 4 * q)]

@@ -162,35 +162,46 @@ class JacobiDrafts:
     def extend(self, st, start: torch.Tensor, stop: torch.Tensor, width: int):
         """Fresh drafts at positions ``[start[b], stop[b])``; writes past a sample's
         ``stop`` go to scratch storage nothing reads."""
-        pos = start.unsqueeze(1) + torch.arange(width, device=start.device)
+        pos = start.unsqueeze(1) + st.arange(width)
         valid = pos < stop.unsqueeze(1)
+        slot = torch.where(valid, pos % st.ring_size, st.ring_size)
         u = rng.uniform(st.keys, st.step, rng.INIT, pos)
+        if self.init == "sample-left" and min(st.host_committed) > st.first_free:
+            # the common case, in few ops: every sample has a free position left of
+            # ``start``, and its new positions all draw from that position's row
+            src = st.prev_free[start - 1].unsqueeze(1)
+            rows = st.ring[st.batch_idx, src % st.ring_size]  # [B, 1, V]
+            tok = rng.categorical(rows.squeeze(1), u)
+            st.ring[st.batch_idx, slot] = rows
+        else:
+            tok = self._initial(st, start, pos, u, slot)
+        if st.any_forced:
+            forced = st.forced_at[pos]
+            tok = torch.where(forced >= 0, forced, tok)
+        st.seq.scatter_(1, torch.where(valid, pos, st.scratch), tok)
+
+    def _initial(self, st, start, pos, u, slot):
+        """Initial drafts for any init, and their q rows: the source row for sampled
+        drafts, one-hot for the rest (and where a sample has no source yet)."""
+        random = st.image_ids[(u * st.image_ids.numel()).long().clamp_(max=st.image_ids.numel() - 1)]
         if self.init.endswith("left"):
             src = st.prev_free[(start - 1).clamp(min=0)].unsqueeze(1).expand_as(pos)
         elif self.init.endswith("above"):
             stride = st.layout.row_stride
             src = pos - stride * torch.div(pos - start.unsqueeze(1) + stride, stride, rounding_mode="floor")
         else:
-            src = torch.full_like(pos, -1)
-        random = st.image_ids[(u * st.image_ids.numel()).long().clamp_(max=st.image_ids.numel() - 1)]
+            st.ring[st.batch_idx, slot] = 0.0
+            st.ring[st.batch_idx, slot, random] = 1.0
+            return random
         has_src = src >= 0
         srcc = src.clamp(min=0)
         if self.init.startswith("sample"):
             rows = st.ring[st.batch_idx, srcc % st.ring_size]  # [B, n, V]
-            tok = rng.categorical(rows, u.unsqueeze(-1)).squeeze(-1)
-        elif self.init.startswith("repeat"):
-            tok = st.seq.gather(1, srcc)
-        else:
-            tok = random
-        tok = torch.where(has_src, tok, random)
-        forced = st.forced_at[pos]
-        tok = torch.where(forced >= 0, forced, tok)
-        st.seq.scatter_(1, torch.where(valid, pos, st.scratch), tok)
-        # q rows: the source row for sampled drafts, one-hot for the rest
-        slot = torch.where(valid, pos % st.ring_size, st.ring_size)
-        if self.init.startswith("sample"):
+            tok = torch.where(has_src, rng.categorical(rows, u.unsqueeze(-1)).squeeze(-1), random)
             st.ring[st.batch_idx, slot] = torch.where(has_src.unsqueeze(-1), rows, 0.0)
-        else:
-            st.ring[st.batch_idx, slot] = 0.0
-        onehot = ~has_src if self.init.startswith("sample") else torch.ones_like(has_src)
-        st.ring[st.batch_idx, slot, tok] = torch.where(onehot, 1.0, st.ring[st.batch_idx, slot, tok])
+            st.ring[st.batch_idx, slot, tok] = torch.where(has_src, st.ring[st.batch_idx, slot, tok], 1.0)
+            return tok
+        tok = torch.where(has_src, st.seq.gather(1, srcc), random)
+        st.ring[st.batch_idx, slot] = 0.0
+        st.ring[st.batch_idx, slot, tok] = 1.0
+        return tok

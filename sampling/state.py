@@ -29,6 +29,7 @@ name                shape / type                   meaning (R = read, W = write)
                                                    stream, positions)``
 ``forced_at``       int64 ``[length + pad]``       R forced token per position, -1 where free
 ``prev_free``       int64 ``[length + pad]``       R nearest free position ``<= t``
+``first_free``      int                            R the first free position (``prev_free`` is -1 before it)
 ``image_ids``       int64 ``[N]``                  R the token ids allowed at free positions
 ``layout``          :class:`~.adapter.TokenLayout` R raster geometry (``row_stride``, ``grid``)
 ``batch_idx``       int64 ``[B, 1]``               R ``arange(B)`` for advanced indexing
@@ -95,6 +96,7 @@ class DecodeState:
         self.forced_at = torch.cat([lay.forced, torch.full((sizes.pad,), -1, dtype=torch.long)]).to(device)
         free = torch.where(self.forced_at < 0, torch.arange(self.forced_at.numel(), device=device), -1)
         self.prev_free = torch.cummax(free, 0).values  # nearest free position <= t
+        self.first_free = int(torch.nonzero(lay.forced < 0)[0])
         self.image_ids = torch.nonzero(lay.image_tokens).flatten().to(device)
         self.seq = self.image_ids[0].repeat(self.batch, self.length + sizes.pad)  # pad: any image token
         self.scratch = self.length + sizes.pad - 1  # a seq column that absorbs masked writes; never read
