@@ -53,7 +53,7 @@ def _render(args) -> int:
     import torch
 
     from .loaders.base import resolve_device
-    from .loaders.detect import load_model
+    from .loaders.detect import load_drafter, load_model
     from .sampling import ConfigError, DecodeConfig, SpeculativeDecoder
     from .sampling.config import KNOBS, parse
 
@@ -68,6 +68,8 @@ def _render(args) -> int:
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
         args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
     config = DecodeConfig(mode=args.mode, **settings).validate(surface="cli")
+    if args.drafter and not config.drafts:
+        raise ConfigError(f"--drafter drafts for the speculative modes, not --mode {args.mode}")
     model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, dtype, args.width,
                        args.height)
     for warning in model.warnings:
@@ -85,7 +87,8 @@ def _render(args) -> int:
         conditions = [args.prompt] * args.batch
     if model.decode is None:
         raise ConfigError(f"{model.name} needs its VQ decoder to make images: give --vq")
-    decoder = SpeculativeDecoder(model.adapter, config, surface="cli")
+    drafter = (load_drafter(args.drafter, model, args.text_encoder, device, dtype) if args.drafter else None)
+    decoder = SpeculativeDecoder(model.adapter, config, drafter=drafter, surface="cli")
     negatives = [args.negative_prompt] * args.batch if args.negative_prompt else None
     model.check_decoder_fits()
     result = decoder.generate(conditions, negatives, seeds=args.seed)
@@ -187,6 +190,9 @@ def _dispatch(argv: list[str]) -> int:
     render.add_argument("--vq", help="VQ tokenizer: LlamaGen's file (found beside the GPT if there is one), or the "
                                      "folder with Meta's vqgan.yaml + vqgan.ckpt (Lumina-mGPT, Anole)")
     render.add_argument("--text-encoder", help="T5 folder (LlamaGen text-to-image: a copy of google/flan-t5-xl)")
+    render.add_argument("--drafter", help="a smaller sibling model (file or folder) that drafts instead of Jacobi "
+                                          "self-drafting: same family, image codebook and grid as --model, e.g. "
+                                          "LlamaGen-B for LlamaGen-XL c2i, Janus-Pro-1B for Janus-Pro-7B")
     render.add_argument("--prompt", help="text prompt")
     render.add_argument("--negative-prompt", help="negative prompt (Emu3; default: the reference's)")
     render.add_argument("--class-id", type=int, help="class id (class-conditional models)")

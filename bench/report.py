@@ -25,7 +25,9 @@ def _int_keys(d: dict) -> dict:
 
 def _family(label: str) -> str:
     """The curve a setting belongs to in the Pareto charts: its mode plus any swapped part
-    (``vvs schedule=similarity``); "X on Y" settings stand alone."""
+    (``vvs schedule=similarity``) or its draft model; "X on Y" settings stand alone."""
+    if label.endswith(" + drafter"):
+        return _family(label[: -len(" + drafter")]) + " + drafter"
     if " on " in label:
         return label
     mode, *knobs = label.split()

@@ -70,13 +70,15 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
-def speed(model, configs: dict[str, DecodeConfig], prompts, seeds, repeats: int, log=None) -> dict[str, dict]:
+def speed(model, configs: dict[str, DecodeConfig], prompts, seeds, repeats: int, log=None,
+          drafters: dict | None = None) -> dict[str, dict]:
     """Batch-of-one runs over prompts x seeds x repeats for every setting.
 
     The settings take turns run by run, so a slow spell of a shared machine
     (other jobs, clock changes) lands on all of them alike instead of on
-    whichever setting happened to be measured then."""
-    decoders = {label: SpeculativeDecoder(model.adapter, config) for label, config in configs.items()}
+    whichever setting happened to be measured then.  ``drafters``: the draft source
+    of a setting that does not use Jacobi drafts, by label."""
+    decoders = _decoders(model, configs, drafters)
     for decoder in decoders.values():
         decoder.generate(prompts[:1], seeds=seeds[0])  # warm-up
     reports: dict[str, list] = {label: [] for label in configs}
@@ -175,10 +177,16 @@ def scaling_batch(model, modes, prompts, log) -> dict:
     return out
 
 
-def batch_speed(model, configs: dict[str, DecodeConfig], prompts, batch: int, repeats: int, log=None) -> dict:
+def _decoders(model, configs: dict[str, DecodeConfig], drafters: dict | None) -> dict:
+    return {label: SpeculativeDecoder(model.adapter, config, drafter=(drafters or {}).get(label))
+            for label, config in configs.items()}
+
+
+def batch_speed(model, configs: dict[str, DecodeConfig], prompts, batch: int, repeats: int, log=None,
+                drafters: dict | None = None) -> dict:
     """Batch-of-``batch`` runs (the prompt list cycled), settings taking turns: latency
     of the whole batch and images per second, median over ``repeats``."""
-    decoders = {label: SpeculativeDecoder(model.adapter, config) for label, config in configs.items()}
+    decoders = _decoders(model, configs, drafters)
     chunk = (list(prompts) * batch)[:batch]
     for decoder in decoders.values():
         decoder.generate(chunk, seeds=0)  # warm-up
@@ -198,7 +206,7 @@ def batch_speed(model, configs: dict[str, DecodeConfig], prompts, batch: int, re
 
 def run(args, log=print) -> dict:
     from ..loaders.base import resolve_device
-    from ..loaders.detect import detect, load_model
+    from ..loaders.detect import detect, load_drafter, load_model
 
     device = resolve_device(args.device)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -215,6 +223,12 @@ def run(args, log=print) -> dict:
         runs += parse_sweep(spec)
     # ar first: the others' speed-up and FD to ar are measured against it
     runs = [("ar", DecodeConfig(mode="ar"))] + [(label, c) for label, c in runs if label != "ar"]
+    drafters = {}
+    if args.drafter:  # every drafted setting once more, drafted by the draft model
+        source = load_drafter(args.drafter, model, args.text_encoder, device, dtype)
+        twins = [(f"{label} + drafter", c) for label, c in runs if c.drafts]
+        drafters = {label: source for label, _ in twins}
+        runs += twins
     log(f"{model.name} on {device} ({dtype}); {len(prompts)} prompts x seeds {args.seeds} x {args.repeats} "
         f"repeats; {len(runs)} settings")
     results = {"model": model.name, "device": device, "dtype": str(dtype), "torch": torch.__version__,
@@ -230,12 +244,14 @@ def run(args, log=print) -> dict:
                              batch=args.quality_batch)
 
     def measure(configs: dict[str, DecodeConfig]):
-        for label, row in speed(model, configs, prompts, args.seeds, args.repeats, log).items():
+        for label, row in speed(model, configs, prompts, args.seeds, args.repeats, log, drafters).items():
             config = configs[label]
             row["settings"] = {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
             row["rule"], row["schedule"] = config.rule, config.verify_schedule
+            if label in drafters:
+                row["drafter"] = drafters[label].name
             if probe is not None:
-                row.update(probe.measure(config))
+                row.update(probe.measure(config, drafter=drafters.get(label)))
                 results.update(probe.summary)
             results["runs"][label] = row
             log(f"  {label:28s} NFE {row['nfe']:6.1f}  TPF {row['tokens_per_forward']:5.2f}  "
@@ -249,12 +265,14 @@ def run(args, log=print) -> dict:
         results["best_relaxed"] = best
         extra = {f"vvs on {best}": dataclasses.replace(configs[best], schedule="uniform").validate(),
                  f"vvs-sim on {best}": dataclasses.replace(configs[best], schedule="similarity").validate()}
+        if best in drafters:  # skipping on the drafter's drafts
+            drafters.update({label: drafters[best] for label in extra})
         measure({label: c for label, c in extra.items() if label not in results["runs"]})
         configs = {**extra, **configs}
     for batch in sorted(set(args.batch) - {1}):
         log(f"batch {batch} ({args.repeats} repeats):")
         measured = {label: configs[label] for label in results["runs"]}
-        for label, row in batch_speed(model, measured, prompts, batch, args.repeats, log).items():
+        for label, row in batch_speed(model, measured, prompts, batch, args.repeats, log, drafters).items():
             results["runs"][label].setdefault("batches", {})[str(batch)] = row
     ar = results["runs"]["ar"]
     for row in results["runs"].values():
@@ -285,6 +303,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="embedded", help="checkpoint file or folder (any family), or 'embedded'")
     ap.add_argument("--vq", help="VQ tokenizer file, where the family keeps it apart (LlamaGen)")
     ap.add_argument("--text-encoder", help="T5 folder for LlamaGen t2i")
+    ap.add_argument("--drafter", help="a sibling model that drafts for --model: every drafted setting is run "
+                                      "twice, with Jacobi drafts and with this model's (labelled '+ drafter')")
     ap.add_argument("--resolution", type=int)
     ap.add_argument("--prompts", default=str(PROMPTS))
     ap.add_argument("--modes", nargs="+", default=["ar", "sjd", "gsd", "lantern", "vvs"])

@@ -36,9 +36,10 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 
 
 @torch.no_grad()
-def generate(model, config: DecodeConfig, prompts: list[str], seed: int, batch: int):
-    """Images (uint8) and reports for ``prompts``, image ``i`` with seed ``seed + i``."""
-    decoder = SpeculativeDecoder(model.adapter, config)
+def generate(model, config: DecodeConfig, prompts: list[str], seed: int, batch: int, drafter=None):
+    """Images (uint8) and reports for ``prompts``, image ``i`` with seed ``seed + i``
+    (``drafter``: a draft source instead of Jacobi drafts)."""
+    decoder = SpeculativeDecoder(model.adapter, config, drafter=drafter)
     images, reports = [], []
     for start in range(0, len(prompts), batch):
         res = decoder.generate(prompts[start:start + batch], seeds=seed + start)
@@ -59,16 +60,16 @@ class QualityProbe:
         self.summary = {"quality_prompts": n, "real_adherence": judging.adherence(judge, real, self.prompts)["all"]}
         self.ar_feats = None
 
-    def _judge(self, config: DecodeConfig, seed: int) -> tuple[dict, np.ndarray]:
-        images, _ = generate(self.model, config, self.prompts, seed, self.batch)
+    def _judge(self, config: DecodeConfig, seed: int, drafter=None) -> tuple[dict, np.ndarray]:
+        images, _ = generate(self.model, config, self.prompts, seed, self.batch, drafter)
         feats = judging.image_features(self.judge, images)
         adh = judging.adherence(self.judge, images, self.prompts)
         return {"adherence": adh["all"], "adherence_parts": {k: adh[k] for k in judging.CORE_ATTRIBUTES},
                 "quality_images": adh["n"], "fd": judging.frechet_distance(feats, self.real_feats)}, feats
 
-    def measure(self, config: DecodeConfig, seed: int = 0) -> dict:
+    def measure(self, config: DecodeConfig, seed: int = 0, drafter=None) -> dict:
         """The figures of one setting; ``ar`` also sets the noise floor (``self.summary``)."""
-        row, feats = self._judge(config, seed)
+        row, feats = self._judge(config, seed, drafter)
         if config.mode == "ar" and self.ar_feats is None:
             self.ar_feats = feats
             other, other_feats = self._judge(config, seed + OTHER_SEEDS)

@@ -73,3 +73,27 @@ def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", 
             raise ValueError(f"width and height must be equal for {hit.family} models (got {width}x{height})")
         resolution = width or height
     return family.load(hit, LoadOptions(vq, text_encoder, resolution, width, height, device, dtype))
+
+
+def load_drafter(path, target, text_encoder=None, device="cpu", dtype=torch.float32, option="--drafter"):
+    """A sibling model at ``path`` loaded as a draft source for ``target`` (a
+    :class:`~.base.LoadedModel`): the same family grammar, image codebook and grid,
+    at the target's resolution.  Refused with one clear error (naming ``option``)
+    when it cannot draft for the target."""
+    from ..sampling import ConfigError
+    from ..sampling.model_drafts import ModelDrafts
+
+    hit = detect(path)
+    if hit.condition != target.condition:
+        raise ConfigError(f"{option} {path}: a {hit.condition}-conditional {hit.family} model cannot draft for "
+                          f"the {target.condition}-conditional {target.name}")
+    info = target.info
+    model = load_model(path, None, text_encoder, target.resolution, device, dtype,
+                       info.get("width") if hit.family == target.family else None,
+                       info.get("height") if hit.family == target.family else None)
+    drafts = ModelDrafts(model.adapter, model.name)
+    try:
+        drafts.check(target.adapter)
+    except ConfigError as e:
+        raise ConfigError(f"{option} {path}: {e}") from None
+    return drafts

@@ -84,6 +84,24 @@ def test_bench_on_another_family_reports_target_likelihood(tmp_path, capsys):
     assert "| target NLL |" in (out / "report.md").read_text()
 
 
+def test_bench_runs_every_drafted_setting_again_on_a_draft_model(tmp_path, capsys):
+    (tmp_path / "c2i").mkdir()
+    gpt = write_gpt(tmp_path / "c2i" / "weights.pt", random_gpt(tiny_gpt_spec("c2i"), 1))
+    write_vq(tmp_path / "c2i" / "vq.pt")
+    ids = tmp_path / "classes.txt"
+    ids.write_text("1\n3\n")
+    out = tmp_path / "bench"
+    # the target drafting for itself: every draft stands
+    assert main(["bench", "--model", str(gpt), "--drafter", str(gpt), "--resolution", "64", "--prompts", str(ids),
+                 "--modes", "ar", "sjd", "--seeds", "0", "--repeats", "1", "--out", str(out)]) == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert sorted(runs) == ["ar", "sjd", "sjd + drafter"]
+    assert runs["sjd + drafter"]["drafter"].startswith("LlamaGen") and "drafter" not in runs["sjd"]
+    # 16 tokens: the prefill draws the first, one forward over the drafts commits the rest
+    assert runs["sjd + drafter"]["nfe"] == 2 < runs["sjd"]["nfe"]
+    assert "| sjd + drafter |" in (out / "report.md").read_text()
+
+
 def test_bench_checks_the_prompt_list_before_loading(tmp_path, capsys):
     gpt = write_gpt(tmp_path / "weights.pt", random_gpt(tiny_gpt_spec("c2i"), 1))
     words = tmp_path / "prompts.txt"

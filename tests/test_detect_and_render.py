@@ -107,6 +107,35 @@ def test_render_errors_are_one_line(zoo, tmp_path, capsys):
     assert code == 2 and "needs its VQ decoder" in capsys.readouterr().err
 
 
+def test_a_sibling_model_drafts_for_render(zoo, tmp_path, capsys):
+    # a second copy of the target drafts for it: q equals p, so every draft stands and
+    # each verified forward commits the window and the new token
+    code, out = render(tmp_path, "--model", str(zoo["c2i"]), "--drafter", str(zoo["c2i"]), "--class-id", "3",
+                       "--resolution", "64", "--mode", "sjd", "--seed", "5")
+    assert code == 0, capsys.readouterr().err
+    assert "drafts from LlamaGen" in capsys.readouterr().out
+    report = json.loads((out / "sjd_5.json").read_text())["reports"][0]
+    assert report["drafter"].startswith("LlamaGen") and report["drafter_time_s"] > 0
+    assert report["tokens"] == 16 and report["nfe"] == 1 + -(-15 // 5)
+
+
+def test_a_drafter_that_cannot_draft_is_refused_before_decoding(zoo, tmp_path, capsys):
+    other = write_gpt(tmp_path / "other.pt", random_gpt(tiny_gpt_spec("c2i", vocab=512), 3))
+    code, out = render(tmp_path, "--model", str(zoo["c2i"]), "--drafter", str(other), "--class-id", "3",
+                       "--resolution", "64")
+    err = capsys.readouterr().err
+    assert code == 2 and f"--drafter {other}: the LlamaGen" in err and "vocabulary 512 ids, the target's 1024" in err
+    assert not out.exists() or not list(out.iterdir())
+    code, _ = render(tmp_path, "--model", str(zoo["c2i"]), "--drafter", str(zoo["janus"]), "--class-id", "3",
+                     "--resolution", "64")
+    err = capsys.readouterr().err
+    assert code == 2 and "a text-conditional janus model cannot draft for the class-conditional" in err
+    # plain AR has no drafts: refused before any model is read
+    code, _ = render(tmp_path, "--model", str(tmp_path / "missing.pt"), "--drafter", str(zoo["c2i"]),
+                     "--class-id", "3", "--mode", "ar")
+    assert code == 2 and "--drafter drafts for the speculative modes, not --mode ar" in capsys.readouterr().err
+
+
 class Payload:
     """Any class outside the weights-only allowlist."""
 
