@@ -69,9 +69,10 @@ class Downsample(nn.Module):
     def __init__(self, c: int):
         super().__init__()
         self.conv = nn.Conv2d(c, c, 3, stride=2, padding=0)
+        self.pad_mode = "constant"  # zeros, as taming; "replicate" hides where the border is
 
     def forward(self, x):
-        return self.conv(F.pad(x, (0, 1, 0, 1)))  # right/bottom padding only, as taming
+        return self.conv(F.pad(x, (0, 1, 0, 1), mode=self.pad_mode))  # right/bottom padding only, as taming
 
 
 #: live full-resolution tensors in a VQ decoder's last level (input, norm, activation, conv outputs)

@@ -152,15 +152,20 @@ class VQModel(nn.Module):
         z = F.normalize(self.quant_conv(self.encoder(images)), dim=1)
         return torch.einsum("bchw,nc->bnhw", z, self.quantize.codebook()).argmax(1)
 
-    def set_decoder_padding(self, mode: str) -> "VQModel":
-        """``zeros`` (LlamaGen's) or ``replicate`` for the decoder's 3x3 convolutions.
-        Zero padding lets a decoder tell where the border is, and an undertrained one
-        can keep a glitch there that costs little loss on average (the embedded
-        model's top-right corner); with replicate padding a uniform code grid decodes
-        to a uniform image, whatever the weights."""
-        for m in self.decoder.modules():
+    def set_padding(self, part: str, mode: str) -> "VQModel":
+        """``zeros`` (LlamaGen's) or ``replicate`` for the 3x3 convolutions (and the
+        encoder's downsampling pads) of ``part``, ``"encoder"`` or ``"decoder"``.
+        Zero padding tells a network where the border is, and an undertrained one
+        keeps position effects there that cost little loss on average: the embedded
+        model's first encoder wrote other codes for a uniform picture within 3 to 6
+        cells of the border, and its decoders drew those codes as a stripe near the
+        top right.  With replicate padding a uniform picture encodes to one code and
+        a uniform code grid decodes to a uniform picture, whatever the weights."""
+        for m in getattr(self, part).modules():
             if isinstance(m, nn.Conv2d) and m.padding != (0, 0):
                 m.padding_mode = mode
+            elif isinstance(m, Downsample):
+                m.pad_mode = "constant" if mode == "zeros" else mode
         return self
 
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:

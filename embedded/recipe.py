@@ -27,6 +27,7 @@ class Recipe:
     vq_lr: float = 4e-4
     commit: float = 0.25
     object_weight: float = 6.0  # extra reconstruction weight on (and just around) the object
+    vq_encoder_padding: str = "replicate"  # zeros gave codes that depend on the distance to the border
     # the decoder, on the codes of the dataset: replicate padding, then fine-tuned (train_decoder)
     vq_decoder_padding: str = "replicate"
     vq_decoder_steps: int = 800

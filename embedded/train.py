@@ -8,9 +8,11 @@ Stages (each logged with its wall time):
    a share of them with the position or background phrase left out;
 2. train a VQ tokenizer with LlamaGen's architecture (``decoders/vq16.py``) in a
    small configuration: 64 px -> 16 x 16 codes from an L2-normalised codebook,
-   with dead codes re-seeded from encoder outputs;
-3. encode the dataset into codes, and train the decoder again on them with
-   replicate padding (encoder and codebook frozen: see :func:`train_decoder`);
+   with dead codes re-seeded from encoder outputs, and replicate padding in
+   encoder and decoder (``VQModel.set_padding``: with LlamaGen's zero padding the
+   codes, and so the GPT's pictures, carried a stripe near the top right);
+3. encode the dataset into codes, and train the decoder again on them
+   (encoder and codebook frozen: see :func:`train_decoder`);
 4. train a LlamaGen text-to-image GPT (``loaders/llamagen.py``: 2D rotary
    embeddings, caption projection, learned unconditional embedding, 10 %
    condition dropout for guidance) together with the word-level text encoder;
@@ -59,7 +61,8 @@ def train_vq(r: Recipe, images: np.ndarray, coverage: np.ndarray, log=print) -> 
     on background texture and objects come back as blobs whose shape the judge
     cannot read (shape accuracy on reconstructions 0.18 vs 0.42 after 250 steps)."""
     torch.manual_seed(r.seed)
-    model = VQModel(vq_spec(r)).train()
+    model = VQModel(vq_spec(r)).set_padding("encoder", r.vq_encoder_padding)
+    model = model.set_padding("decoder", r.vq_decoder_padding).train()
     opt = torch.optim.Adam(model.parameters(), lr=r.vq_lr, betas=(0.5, 0.9))
     gen = torch.Generator().manual_seed(r.seed + 1)
     usage = torch.zeros(r.codebook)
@@ -101,14 +104,14 @@ def train_vq(r: Recipe, images: np.ndarray, coverage: np.ndarray, log=print) -> 
 def train_decoder(r: Recipe, model: VQModel, images: np.ndarray, coverage: np.ndarray, codes: torch.Tensor,
                   log=print) -> VQModel:
     """The decoder again, encoder and codebook frozen (so the codes, and the GPT
-    trained on them, stay valid), with ``vq_decoder_padding``.  With zero padding
-    the first stage's decoder learns where the borders are: a grid of one code
-    decodes to an image with a darker frame and a stripe near the top-right corner
-    (mean deviation 0.13 there against 0.01 in the centre).  With replicate padding
-    nothing in the decoder depends on position, so a uniform grid decodes to a
-    uniform image, and reconstructions of real renders improve in every region."""
+    trained on them, stay valid), with ``vq_decoder_padding``: the decoder learns
+    the codes the finished encoder writes.  (Added to mend a folder whose first
+    stage had zero padding: its decoder drew a darker frame and a stripe near the
+    top-right corner for a grid of one code, mean deviation 0.13 there against 0.01
+    in the centre; with replicate padding a uniform grid decodes to a uniform
+    image, and reconstructions of real renders improved in every region.)"""
     torch.manual_seed(r.seed + 5)
-    model.set_decoder_padding(r.vq_decoder_padding).train()
+    model.set_padding("decoder", r.vq_decoder_padding).train()
     params = list(model.decoder.parameters()) + list(model.post_quant_conv.parameters())
     frozen = [p for p in model.parameters() if all(p is not q for q in params)]
     for p in frozen:
@@ -262,7 +265,7 @@ def decoder_only(folder: pathlib.Path, out: pathlib.Path, quick: bool = False, l
 
     model = embedded.load(folder)
     config = json.loads((folder / "config.json").read_text())
-    fields = {**config["recipe"], **{k: getattr(Recipe(), k) for k in ("vq_decoder_padding", "vq_decoder_steps",
+    fields = {"vq_encoder_padding": "zeros", **config["recipe"], **{k: getattr(Recipe(), k) for k in ("vq_decoder_padding", "vq_decoder_steps",
                                                                        "vq_decoder_lr")}}
     r = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     if quick:

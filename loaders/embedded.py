@@ -49,8 +49,8 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
         raise CheckpointError(f"{folder}: no embedded model here (config.json with format {FORMAT!r}); "
                               "build it with `spec-ar train-embedded`")
     config = read_json(folder / "config.json")
-    # folders trained before the decoder stage have LlamaGen's zero padding
-    values = {"vq_decoder_padding": "zeros", **config["recipe"]}
+    # folders trained before the padding fields existed have LlamaGen's zero padding
+    values = {"vq_encoder_padding": "zeros", "vq_decoder_padding": "zeros", **config["recipe"]}
     recipe = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     tensors = load_file(folder / "model.safetensors")
     part = {p: {k[len(p):]: v.float() for k, v in tensors.items() if k.startswith(p)} for p in ("gpt.", "vq.", "text.")}
@@ -59,7 +59,7 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
     text = TextEncoder(config["vocabulary"], dim=recipe.text_dim, layers=recipe.text_layers, max_length=recipe.words)
     load_weights(text, part["text."], folder / "model.safetensors", "the embedded text encoder")
     vq = VQ16Decoder.from_state_dict(part["vq."], vq_spec(recipe), device=device, dtype=dtype, source=str(folder))
-    vq.model.set_decoder_padding(recipe.vq_decoder_padding)
+    vq.model.set_padding("encoder", recipe.vq_encoder_padding).set_padding("decoder", recipe.vq_decoder_padding)
     gpt = gpt.to(device=device, dtype=dtype).eval()
     text = text.to(device=device).eval()
     adapter = LlamaGenAdapter(gpt, recipe.grid, vq.codebook(), text)
