@@ -19,6 +19,7 @@ MODEL_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt", ".bin")
 AUTO = "auto"
 #: the sampler's switch between the family's reference sampling settings and its own widgets
 FAMILY_DEFAULTS = "family_defaults"
+DRAFTER_INPUT = "drafter"  # the sampler's optional draft-model input
 #: the mode input's option carrying :func:`knob_visibility` to the web page
 KNOB_VISIBILITY = "spec_ar_knob_visibility"
 
@@ -133,17 +134,23 @@ def knob_visibility() -> dict:
     the node definition; ``web/sampler_knobs.js`` only looks it up).  Read from the
     knob table's ``uses`` through :meth:`Knob.used_by`, so the page and the engine
     agree on which knob a setting reads: ``visible[mode][schedule choice]`` lists the
-    widgets shown; ``switched`` ones show only while ``switch`` (family defaults) is off."""
+    widgets shown with Jacobi drafting, ``drafted[mode][schedule choice]`` those shown
+    while the ``drafter`` input is linked; ``switched`` ones show only while ``switch``
+    (family defaults) is off."""
     from ..sampling.config import KNOBS, MODES, SAMPLING_FALLBACK, DecodeConfig
 
     widgets = sampler_widgets()
     schedule = next(w for w in widgets if w["field"] == "schedule")
-    visible = {mode: {choice: [w["label"] for w in widgets
-                               if KNOBS[w["field"]].used_by(DecodeConfig(mode=mode,
-                                                                       schedule=None if choice == AUTO else choice))]
-                      for choice in schedule["options"]}
-               for mode in MODES}
-    return {"knobs": [w["label"] for w in widgets], "schedule": schedule["label"], "visible": visible,
+
+    def shown(drafter):
+        return {mode: {choice: [w["label"] for w in widgets
+                                if KNOBS[w["field"]].used_by(DecodeConfig(
+                                    mode=mode, schedule=None if choice == AUTO else choice, drafter=drafter))]
+                       for choice in schedule["options"]}
+                for mode in MODES}
+
+    return {"knobs": [w["label"] for w in widgets], "schedule": schedule["label"], "visible": shown(None),
+            "drafted": shown("drafter"), "drafter_input": DRAFTER_INPUT,
             "switch": FAMILY_DEFAULTS, "switched": [w["label"] for w in widgets if w["field"] in SAMPLING_FALLBACK]}
 
 

@@ -58,7 +58,8 @@ class Knob:
     """One decoding setting, declared once.
 
     ``uses`` says which configurations read it: ``"drafts"`` (every mode but
-    ``ar``), an acceptance rule (``"grouped"``, ``"latent"``), a schedule
+    ``ar``), ``"jacobi"`` / ``"drafter"`` (drafted by the model itself, or by a
+    draft model), an acceptance rule (``"grouped"``, ``"latent"``), a schedule
     (``"uniform"``, ``"similarity"``) or ``"always"``.  ``bound`` names a
     model-dependent upper limit (``hi`` is then only a sanity cap).  ``widget``
     is how the sampler node shows it (``None``: not on the node)."""
@@ -95,7 +96,7 @@ class Knob:
     def used_by(self, config: "DecodeConfig") -> bool:
         parts = {"always"}
         if config.drafts:
-            parts |= {"drafts", config.rule, config.verify_schedule}
+            parts |= {"drafts", config.rule, config.verify_schedule, "drafter" if config.drafter else "jacobi"}
         return bool(parts & set(self.uses))
 
     def to_json(self) -> dict:
@@ -127,22 +128,27 @@ class DecodeConfig:
                             "agree); VVS's skipping on any mode")
     # Jacobi drafting
     window: int | None = knob(
-        None, symbol="L", label="window", uses=("drafts",), lo=1, hi=256, step=1, optional=True,
+        None, symbol="L", label="window", uses=("jacobi",), lo=1, hi=256, step=1, optional=True,
         unset="auto: 32 with coupled drafts, 16 without (SJD's)",
         help="draft tokens scored per forward (SJD's independent drafts gain little past 16; coupled ones keep "
              "gaining to 32)")
     init: str | None = knob(
-        None, symbol="init", label="draft_init", uses=("drafts",), choices=(None,) + DRAFT_INITS, widget="combo",
+        None, symbol="init", label="draft_init", uses=("jacobi",), choices=(None,) + DRAFT_INITS, widget="combo",
         optional=True, unset="auto: sample-left with coupled drafts, random without (SJD's)",
         help="how new draft positions start: a random image token (SJD's default), a copy of the token to the "
              "left / above, or a sample from its distribution")
     draft_coupling: str = knob(
-        "maximal", symbol="coupling", label="draft_coupling", uses=("drafts",), choices=DRAFT_COUPLINGS,
+        "maximal", symbol="coupling", label="draft_coupling", uses=("jacobi",), choices=DRAFT_COUPLINGS,
         widget="combo",
         help="how a position's draft is drawn again after a pass: coupled with its previous draft so it changes "
              "only as much as its distribution did (maximal, the default, or gumbel: MC-SJD), or independently "
              "(none: SJD as published, with window and init on auto its window 16 and random init); every "
              "choice is lossless")
+    # a draft model (a sibling or a draft head); ``drafter`` names it and is set by the
+    # engine when one is attached (None: Jacobi self-drafting)
+    depth: int = knob(4, symbol="depth", label="drafter_depth", uses=("drafter",), lo=1, hi=64, step=1,
+                      help="drafts a draft model proposes per forward of the target (chain drafting)")
+    drafter: str | None = None
     # GSD
     group_size: int = knob(10, symbol="G", label="G", uses=("grouped",), lo=1, hi=1000, step=1,
                            help="GSD group size: the tokens ranked around a draft that count with it (paper: 10 "
@@ -203,8 +209,11 @@ class DecodeConfig:
 
     @property
     def drafts(self) -> int:
-        """Draft tokens per window (0 in ``ar`` mode)."""
-        return 0 if self.mode == "ar" else self.drafting[0]
+        """Draft tokens per window (0 in ``ar`` mode): the draft model's depth, or the
+        Jacobi window."""
+        if self.mode == "ar":
+            return 0
+        return self.depth if self.drafter else self.drafting[0]
 
     def with_defaults(self, defaults: dict | None) -> "DecodeConfig":
         """Fill unset sampling settings from a family's defaults, then globally, and the

@@ -32,7 +32,7 @@ synchronisation (AR: every ``AR_CHECK_EVERY`` steps, naming the first bad one).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -92,6 +92,10 @@ class SpeculativeDecoder:
 
     def __init__(self, adapter: ImageAdapter, config: DecodeConfig, drafter: DraftSource | None = None,
                  surface: str = "api"):
+        if drafter is not None:  # the config names its draft source: drafts = its depth
+            config = replace(config, drafter=getattr(drafter, "name", "") or "draft model")
+        elif config.drafter:
+            raise ConfigError(f"the settings name a draft model ({config.drafter!r}) but none is attached")
         config = config.with_defaults(getattr(adapter, "sampling_defaults", {}))
         geometry = None
         vectors = adapter.token_vectors()

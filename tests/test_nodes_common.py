@@ -166,11 +166,15 @@ def test_knob_visibility_lists_for_each_mode_the_knobs_it_reads():
     assert "G" in table["visible"]["gsd"]["auto"] and "G" not in table["visible"]["lantern"]["auto"]
     assert "skip_interval" in table["visible"]["vvs"]["auto"]  # the mode's own schedule
     assert "skip_threshold" in table["visible"]["sjd"]["similarity"]  # a schedule chosen on the node
-    drafting = {k for k in table["knobs"] if "drafts" in KNOBS[by_label[k]].uses}
-    assert drafting == {"schedule", "window", "draft_init", "draft_coupling"}
+    jacobi = {"window", "draft_init", "draft_coupling"}
     for mode in MODES:  # drafting knobs: every mode but ar, whatever the schedule choice
-        for shown in table["visible"][mode].values():
-            assert (drafting <= set(shown)) == (mode != "ar"), mode
+        for choice, shown in table["visible"][mode].items():
+            assert ({"schedule"} | jacobi <= set(shown)) == (mode != "ar"), mode
+            assert "drafter_depth" not in shown
+            # a linked draft model: its depth instead of the Jacobi knobs, the rest alike
+            drafted = set(table["drafted"][mode][choice])
+            assert drafted == (set(shown) - jacobi | {"drafter_depth"} if mode != "ar" else set(shown)), mode
+    assert table["drafter_input"] == "drafter"
     assert set(table["knobs"]) == set(by_label)  # every widget of the knob table is governed
 
 

@@ -1,4 +1,5 @@
-// Speculative AR Sampler: show only the knobs the chosen mode (and schedule) reads.
+// Speculative AR Sampler: show only the knobs the chosen mode (and schedule, and
+// draft source) reads.
 //
 // Which widget belongs to which mode is not written here: the server sends the
 // knob table's answer with the node definition (the mode input's option
@@ -37,7 +38,9 @@ function setHidden(w, hidden) {
 function refresh(node, table) {
   const mode = widget(node, "mode")?.value;
   const schedule = widget(node, table.schedule)?.value;
-  const shown = table.visible[mode]?.[schedule] ?? table.knobs;  // an unknown mode: hide nothing
+  // a linked draft model replaces Jacobi drafting: its depth shows, the window and init hide
+  const drafted = node.inputs?.some((i) => i.name === table.drafter_input && i.link != null);
+  const shown = (drafted ? table.drafted : table.visible)[mode]?.[schedule] ?? table.knobs;  // unknown: hide nothing
   const family = widget(node, table.switch)?.value === true;
   let changed = false;
   for (const name of table.knobs) {
