@@ -25,7 +25,7 @@ def decoder(target, drafter, **config):
 @pytest.mark.parametrize("depth", [1, 3, 8])
 def test_exact_acceptance_on_draft_model_drafts_follows_the_exact_joint(depth):
     target, drafter = TabularAdapter(seed=3), TabularAdapter(seed=4)
-    result = decoder(target, drafter, mode="sjd", window=depth).generate([1] * 30_000, seeds=7_000_000)
+    result = decoder(target, drafter, mode="sjd", depth=depth).generate([1] * 30_000, seeds=7_000_000)
     pvalue, impossible = stream_test(target, result.tokens, cls=1)
     assert impossible == 0 and pvalue > 1e-4
     origins = {k: sum(r.origin_counts()[k] for r in result.reports)
@@ -36,7 +36,7 @@ def test_exact_acceptance_on_draft_model_drafts_follows_the_exact_joint(depth):
 def test_a_batch_of_one_on_draft_model_drafts_follows_the_exact_joint():
     target, drafter = TabularAdapter(image=3, length=3, forced=(1,), seed=5), TabularAdapter(image=3, length=3,
                                                                                             forced=(1,), seed=6)
-    dec = SpeculativeDecoder(target, DecodeConfig(mode="sjd", window=3, cfg_scale=CFG, top_k=2),
+    dec = SpeculativeDecoder(target, DecodeConfig(mode="sjd", depth=3, cfg_scale=CFG, top_k=2),
                              drafter=ModelDrafts(drafter))
     tokens = torch.cat([dec.generate([0], seeds=[s]).tokens for s in range(500)])
     pvalue, impossible = stream_test(target, tokens, cls=0, top_k=2)
@@ -45,19 +45,19 @@ def test_a_batch_of_one_on_draft_model_drafts_follows_the_exact_joint():
 
 def test_the_check_rejects_lantern_with_a_large_delta_on_draft_model_drafts():
     target, drafter = TabularAdapter(seed=3, spread=4.0), TabularAdapter(seed=4, spread=4.0)
-    result = decoder(target, drafter, mode="lantern", window=3, lantern_k=3, lantern_delta=1.0).generate(
+    result = decoder(target, drafter, mode="lantern", depth=3, lantern_k=3, lantern_delta=1.0).generate(
         [1] * 30_000, seeds=8_000_000)
     pvalue, impossible = stream_test(target, result.tokens, cls=1)
     assert impossible > 0 or pvalue < 1e-6
 
 
-@pytest.mark.parametrize("window", [1, 2])
-def test_an_image_does_not_depend_on_its_batch_with_a_draft_model(window):
+@pytest.mark.parametrize("depth", [1, 2])
+def test_an_image_does_not_depend_on_its_batch_with_a_draft_model(depth):
     # a sample whose drafts and bonus all stand feeds the drafter two tokens, one
     # whose draft fell feeds one: the batch's feed is padded and the padding must
     # leave the drafter's cache (the tabular drafter reads its whole prefix)
     target, drafter = TabularAdapter(seed=3), TabularAdapter(seed=4)
-    dec = decoder(target, drafter, mode="sjd", window=window)
+    dec = decoder(target, drafter, mode="sjd", depth=depth)
     seeds = list(range(24))
     batch = dec.generate([1] * len(seeds), seeds=seeds)
     for b, seed in enumerate(seeds):
@@ -66,7 +66,7 @@ def test_an_image_does_not_depend_on_its_batch_with_a_draft_model(window):
 
 def test_a_drafter_that_is_the_target_has_every_draft_accepted():
     target, same = TabularAdapter(seed=3), TabularAdapter(seed=3)
-    result = decoder(target, same, mode="sjd", window=3).generate([1] * 64, seeds=1)
+    result = decoder(target, same, mode="sjd", depth=3).generate([1] * 64, seeds=1)
     for r in result.reports:
         assert r.origin_counts()["resampled after a rejection"] == 0
         assert r.nfe == 2  # the prefill, then three drafts and the bonus in one forward
@@ -88,19 +88,19 @@ def test_a_llamagen_drafting_for_itself_is_accepted_through_its_kv_cache(llamage
         return llamagen.load(llamagen_files["gpt"], llamagen_files["vq"], resolution=64).adapter
 
     target = load()
-    result = decoder(target, load(), mode="sjd", window=5, top_k=None).generate([3, 5, 3], seeds=[1, 2, 3])
+    result = decoder(target, load(), mode="sjd", depth=5, top_k=None).generate([3, 5, 3], seeds=[1, 2, 3])
     for r in result.reports:
         assert r.origin_counts()["resampled after a rejection"] == 0
         assert r.nfe == 1 + -(-(r.tokens - 1) // 6)  # the prefill, then five drafts and the bonus a forward
 
 
-@pytest.mark.parametrize("window", [1, 4])
-def test_an_image_does_not_depend_on_its_batch_with_a_sibling_drafter(llamagen_files, window):
-    # window 1: a sample whose draft and bonus both stand feeds the drafter two
+@pytest.mark.parametrize("depth", [1, 4])
+def test_an_image_does_not_depend_on_its_batch_with_a_sibling_drafter(llamagen_files, depth):
+    # depth 1: a sample whose draft and bonus both stand feeds the drafter two
     # tokens, one whose draft fell feeds one; the batch's feed is padded
     target = llamagen.load(llamagen_files["gpt"], llamagen_files["vq"], resolution=64).adapter
     sibling = llamagen.load(llamagen_files["sibling"], llamagen_files["vq"], resolution=64).adapter
-    dec = decoder(target, sibling, mode="sjd", window=window, top_k=None)
+    dec = decoder(target, sibling, mode="sjd", depth=depth, top_k=None)
     batch = dec.generate([3, 5, 7], seeds=[11, 12, 13])
     assert len({r.nfe for r in batch.reports}) > 1, "samples advance by their own amounts"
     for b, (cls, seed) in enumerate(zip([3, 5, 7], [11, 12, 13])):
@@ -132,7 +132,7 @@ def test_the_report_names_the_drafter_and_keeps_its_time_apart():
     target = SyntheticAdapter(codebook=64, rows=4, cols=4, hidden=32)
     drafter = SlowAdapter(codebook=64, rows=4, cols=4, hidden=16, seed=2)
     SlowAdapter.calls = 0
-    rep = decoder(target, drafter, mode="sjd", window=4).generate([1, 2], seeds=3).reports[0]
+    rep = decoder(target, drafter, mode="sjd", depth=4).generate([1, 2], seeds=3).reports[0]
     slept = 0.005 * SlowAdapter.calls
     assert rep.drafter == "test drafter" and SlowAdapter.calls > 0
     assert rep.drafter_time_s >= slept  # the drafter's forwards are timed as the drafter's
