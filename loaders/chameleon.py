@@ -178,8 +178,7 @@ class ChameleonAdapter(RaggedCacheAdapter):
     # -- the cache loop ----------------------------------------------------------------
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, ...] -> [K, B, ..., V]; Anole's image-only branch reuses the unconditional rows."""
-        logits = self.head(hidden).float()
-        logits = logits.view(-1, self.batch, *logits.shape[1:])
+        logits = super()._logits(hidden)
         if self.guidance == "image_text" and logits.shape[0] == 2:
             logits = torch.cat([logits, logits[1:]], 0)
         return logits
@@ -196,7 +195,7 @@ class ChameleonAdapter(RaggedCacheAdapter):
         self.batch = len(conditions)
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
         self.cache = RaggedCache()
-        hidden = self.inner(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state
+        hidden = self._keep(self.inner(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
         return self._logits(hidden[:, -1])
 
@@ -204,7 +203,7 @@ class ChameleonAdapter(RaggedCacheAdapter):
     def forward(self, tokens):
         rows = len(self.cache.valid)
         ids = tokens.repeat(rows // tokens.shape[0], 1)
-        hidden = self.inner(input_ids=ids, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state
+        hidden = self._keep(self.inner(input_ids=ids, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state)
         self.cache.commit()
         return self._logits(hidden)
 

@@ -76,13 +76,22 @@ def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", 
 
 
 def load_drafter(path, target, text_encoder=None, device="cpu", dtype=torch.float32, option="--drafter"):
-    """A sibling model at ``path`` loaded as a draft source for ``target`` (a
-    :class:`~.base.LoadedModel`): the same family grammar, image codebook and grid,
-    at the target's resolution.  Refused with one clear error (naming ``option``)
-    when it cannot draft for the target."""
-    from ..sampling import ConfigError
+    """A draft source for ``target`` (a :class:`~.base.LoadedModel`) from ``path``: a
+    draft head folder (LANTERN's or ``spec-ar train-drafter``'s), or a sibling model
+    with the same family grammar, image codebook and grid, loaded at the target's
+    resolution.  Refused with one clear error (naming ``option``) when it cannot
+    draft for the target."""
+    from ..sampling import ConfigError, HeadDrafts
     from ..sampling.model_drafts import ModelDrafts
+    from . import draft_head
 
+    if draft_head.is_draft_head(path):
+        drafts = HeadDrafts(draft_head.load_head(path, device, dtype))
+        try:
+            drafts.check(target.adapter)
+        except ConfigError as e:
+            raise ConfigError(f"{option} {path}: {e}") from None
+        return drafts
     hit = detect(path)
     if hit.condition != target.condition:
         raise ConfigError(f"{option} {path}: a {hit.condition}-conditional {hit.family} model cannot draft for "

@@ -207,17 +207,17 @@ class Emu3Adapter(RaggedCacheAdapter):
         self.batch = len(conditions)
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
         self.cache = RaggedCache()
-        hidden = self.text(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state
+        hidden = self._keep(self.text(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
-        return self.head(hidden[:, -1]).float().view(-1, self.batch, self.vocab_size)
+        return self._logits(hidden[:, -1])
 
     @torch.no_grad()
     def forward(self, tokens):
         rows = len(self.cache.valid)
         ids = tokens.to(self.device).repeat(rows // tokens.shape[0], 1)
-        hidden = self.text(input_ids=ids, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state
+        hidden = self._keep(self.text(input_ids=ids, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state)
         self.cache.commit()
-        return self.head(hidden).float().view(-1, self.batch, tokens.shape[1], self.vocab_size)
+        return self._logits(hidden)
 
     def token_vectors(self):
         # raw codebook rows: Emu3's quantizer picks codes by plain L2 distance (no normalisation)

@@ -95,6 +95,26 @@ class RaggedCacheAdapter(ImageAdapter):
     batch: int = 0
     prompt_lengths: torch.Tensor | None = None
 
+    @property
+    def feature_size(self) -> int:
+        return self.model.config.get_text_config().hidden_size
+
+    def _keep(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` ``[rows, L, H]`` (the last hidden states, after the final norm)
+        kept as ``features`` ``[rows / batch, batch, L, H]`` when a draft head reads them."""
+        if self.keep_features:
+            self.features = hidden.view(-1, self.batch, *hidden.shape[1:])
+        return hidden
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, ...] -> [K, B, ..., V] through ``self.head``."""
+        logits = self.head(hidden).float()
+        return logits.view(-1, self.batch, *logits.shape[1:])
+
+    @torch.no_grad()
+    def logits_from_features(self, features):
+        return self._logits(features.reshape(-1, *features.shape[2:]))
+
     def rollback(self, n):
         self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))  # the same for every branch
 

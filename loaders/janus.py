@@ -211,17 +211,17 @@ class JanusAdapter(RaggedCacheAdapter):
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
         self.cache = RaggedCache()
         embeds = self.model.get_input_embeddings()(ids)
-        hidden = self.lm(inputs_embeds=embeds, **self.cache.prefill_inputs(pad_mask)).last_hidden_state
+        hidden = self._keep(self.lm(inputs_embeds=embeds, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
-        return self.head(hidden[:, -1]).float().view(-1, self.batch, self.vocab_size)
+        return self._logits(hidden[:, -1])
 
     @torch.no_grad()
     def forward(self, tokens):
         rows = len(self.cache.valid)
         embeds = self.model.prepare_embeddings_for_image_generation(tokens.repeat(rows // tokens.shape[0], 1))
-        hidden = self.lm(inputs_embeds=embeds, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state
+        hidden = self._keep(self.lm(inputs_embeds=embeds, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state)
         self.cache.commit()
-        return self.head(hidden).float().view(-1, self.batch, tokens.shape[1], self.vocab_size)
+        return self._logits(hidden)
 
     def token_vectors(self):
         book = self.model.model.vqmodel.quantize.embedding.weight.detach().float()

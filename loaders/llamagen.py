@@ -174,9 +174,14 @@ class LlamaGenGPT(nn.Module):
     def forward(self, h, rope, cache, mask):
         """Hidden states ``[N, L, dim]`` at the cache's next positions -> logits
         ``[N, L, vocab]`` (float32)."""
+        return self.output(self.features(h, rope, cache, mask)).float()
+
+    def features(self, h, rope, cache, mask):
+        """The last hidden states after the final norm (what ``output`` reads, and
+        what a draft head learns to predict)."""
         for i, layer in enumerate(self.layers):
             h = layer(h, rope, cache, i, mask)
-        return self.output(self.norm(h)).float()
+        return self.norm(h)
 
     def sequence_logits(self, cond_h: torch.Tensor, tokens: torch.Tensor, grid: int,
                         cond_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -203,16 +208,21 @@ class _WholeSequence:
 
 
 def rope_table(spec: GPTSpec, grid: int, extra: int) -> torch.Tensor:
-    """``[cond + positions, head_dim / 2, 2]`` (cos, sin): zero rows for the
-    condition, then the image positions in raster order (row angles in the first
-    half of the pairs, column angles in the second), continued past the grid for
-    windows that run over the end."""
-    quarter = spec.head_dim // 4
-    freqs = 1.0 / spec.rope_base ** (torch.arange(quarter, dtype=torch.float64) * 4 / spec.head_dim)
+    """The GPT's table: :func:`grid_rope` after ``cond_tokens`` zero rows."""
+    return grid_rope(spec.head_dim, spec.rope_base, grid, extra, spec.cond_tokens)
+
+
+def grid_rope(head_dim: int, base: float, grid: int, extra: int, zero_rows: int) -> torch.Tensor:
+    """``[zero_rows + positions, head_dim / 2, 2]`` (cos, sin): zero rows for the
+    condition (its queries and keys vanish), then the image positions in raster
+    order (row angles in the first half of the pairs, column angles in the
+    second), continued past the grid for windows that run over the end."""
+    quarter = head_dim // 4
+    freqs = 1.0 / base ** (torch.arange(quarter, dtype=torch.float64) * 4 / head_dim)
     pos = torch.arange(grid * grid + extra)
     angles = torch.cat([torch.outer((pos // grid).double(), freqs), torch.outer((pos % grid).double(), freqs)], -1)
     table = torch.stack([angles.cos(), angles.sin()], -1).float()
-    return torch.cat([torch.zeros(spec.cond_tokens, 2 * quarter, 2), table])
+    return torch.cat([torch.zeros(zero_rows, 2 * quarter, 2), table])
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -228,11 +238,10 @@ class KVCache:
     different amounts under speculative decoding), and a key mask for padded
     condition positions."""
 
-    def __init__(self, gpt: LlamaGenGPT, rows: int, capacity: int, dtype, device):
-        s = gpt.spec
-        shape = (rows, s.n_head, capacity, s.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(s.n_layer)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(s.n_layer)]
+    def __init__(self, layers: int, heads: int, head_dim: int, rows: int, capacity: int, dtype, device):
+        shape = (rows, heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.length = torch.zeros(rows, dtype=torch.long, device=device)
         self.host_length = [0] * rows
         self.key_ok = torch.ones(rows, capacity, dtype=torch.bool, device=device)
@@ -280,6 +289,7 @@ class LlamaGenAdapter(ImageAdapter):
         self.device = gpt.output.weight.device
         self.dtype = gpt.output.weight.dtype
         self.vocab_size = s.vocab_size
+        self.feature_size, self.condition_positions = s.dim, s.cond_tokens
         self.layout = TokenLayout.raster(grid, grid, s.vocab_size)
         self.codebook = codebook
         self.text_encoder = text_encoder
@@ -333,7 +343,8 @@ class LlamaGenAdapter(ImageAdapter):
         T, margin = self.layout.length, self.MARGIN
         if self.rope is None or self.rope.shape[0] < cond + T + margin:
             self.rope = rope_table(self.spec, self.grid, margin).to(self.device)
-        self.cache = KVCache(self.gpt, rows, cond + T + margin, self.dtype, self.device)
+        s = self.spec
+        self.cache = KVCache(s.n_layer, s.n_head, s.head_dim, rows, cond + T + margin, self.dtype, self.device)
         if mask is not None:
             self.cache.key_ok[:, :cond] = mask.bool()
         return self._run(h)[:, :, -1]
@@ -347,9 +358,16 @@ class LlamaGenAdapter(ImageAdapter):
     def _run(self, h):
         L = h.shape[1]
         pos, mask = self.cache.begin(L)
-        logits = self.gpt(h, self.rope[pos], self.cache, mask)
+        features = self.gpt.features(h, self.rope[pos], self.cache, mask)
         self.cache.advance([L] * len(self.cache.host_length))
+        if self.keep_features:
+            self.features = features.view(-1, self.batch, L, features.shape[-1])
+        logits = self.gpt.output(features).float()
         return logits.view(-1, self.batch, L, logits.shape[-1])
+
+    @torch.no_grad()
+    def logits_from_features(self, features):
+        return self.gpt.output(features.to(self.dtype)).float()
 
     def rollback(self, n):
         branches = len(self.cache.host_length) // len(n)

@@ -8,6 +8,7 @@ from .adapter import ImageAdapter, TokenLayout
 from .config import DRAFT_INITS, MODES, ConfigError, DecodeConfig
 from .checks import NonFiniteError
 from .engine import DecodeResult, SpeculativeDecoder, StepEvent
+from .head_drafts import HeadDrafts
 from .model_drafts import ModelDrafts
 from .report import ORIGINS, DecodeReport
 
@@ -18,6 +19,6 @@ def generate(adapter, conditions, config: DecodeConfig | None = None, negatives=
 
 
 __all__ = [
-    "ConfigError", "DecodeConfig", "DecodeReport", "DecodeResult", "DRAFT_INITS", "ImageAdapter", "MODES",
-    "ModelDrafts", "NonFiniteError", "ORIGINS", "SpeculativeDecoder", "StepEvent", "TokenLayout", "generate",
+    "ConfigError", "DecodeConfig", "DecodeReport", "DecodeResult", "DRAFT_INITS", "HeadDrafts", "ImageAdapter",
+    "MODES", "ModelDrafts", "NonFiniteError", "ORIGINS", "SpeculativeDecoder", "StepEvent", "TokenLayout", "generate",
 ]

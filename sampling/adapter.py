@@ -10,6 +10,11 @@ engine drives it through four calls and never learns what the model is:
   window token, each predicting the *next* position;
 * :meth:`ImageAdapter.rollback` drops the last ``n[b]`` cached positions of
   sample ``b`` (the rejected part of a window; host integers);
+* for draft heads (EAGLE-style drafters that read the target's last hidden
+  states), an adapter whose ``keep_features`` is set keeps in :attr:`features`
+  the final hidden states of its last ``prefill`` (every condition position) or
+  ``forward`` (every window token), ``[K, B, L, H]``, and
+  :meth:`ImageAdapter.logits_from_features` turns such states into logits;
 * :attr:`ImageAdapter.layout` says which token ids are image tokens, which
   positions hold forced structural tokens (end-of-line, end-of-image, size
   tokens) and how the raster is laid out; :meth:`ImageAdapter.token_vectors`
@@ -89,6 +94,12 @@ class ImageAdapter:
     guidance: str = "linear"
     #: the family's reference sampling settings (cfg_scale, top_k, top_p, temperature)
     sampling_defaults: dict = {}
+    #: keep the final hidden states of each call in ``features`` (a draft head reads them)
+    keep_features: bool = False
+    features: torch.Tensor | None = None
+    #: width of those hidden states, and the condition's length where it is fixed (LlamaGen)
+    feature_size: int | None = None
+    condition_positions: int | None = None
 
     def check_conditions(self, conditions: Sequence, negatives: Sequence | None) -> None:
         """Raise ``ValueError`` naming the bad prompt before any model work."""
@@ -110,6 +121,12 @@ class ImageAdapter:
         Host integers: the engine calls this right after its per-step
         synchronisation, so adapters may use them freely (e.g. to crop a cache)."""
         raise NotImplementedError
+
+    def logits_from_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., vocab]`` (float32, a fresh tensor: the engine processes
+        logits in place) of final hidden states ``[..., H]`` through the model's
+        output head; adapters that keep ``features`` have it."""
+        raise NotImplementedError(f"{type(self).__name__} gives no hidden states to a draft head")
 
     def token_vectors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(ids [N], vectors [N, D])``: codebook vectors of the image tokens."""

@@ -218,3 +218,35 @@ def write_original_janus(folder: pathlib.Path, model, tok) -> pathlib.Path:
     })
     tok.save_pretrained(str(folder))
     return folder
+
+
+def write_lantern_head(folder: pathlib.Path, hidden=128, heads=2, intermediate=256, vocab=1024, input_type="t2i",
+                       seed=0, layers=1) -> pathlib.Path:
+    """A draft head as LANTERN releases its drafters (``llamagen_drafter``): the
+    target's Llama config with one layer and ``input_type``, and a ``pytorch_model.bin``
+    with the authors' key names (no input norm in layer 0, no final norm, fc with bias)."""
+    g = torch.Generator().manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "config.json", {
+        "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+        "hidden_size": hidden, "caption_dim": 2048, "class_dropout_p": 0.0, "initializer_range": 0.02,
+        "intermediate_size": intermediate, "max_position_embeddings": 2048, "model_type": "llama",
+        "num_attention_heads": heads, "num_hidden_layers": layers, "num_key_value_heads": heads,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-06, "rope_scaling": None, "tie_word_embeddings": False,
+        "torch_dtype": "float16", "use_cache": True, "vocab_size": vocab, "input_type": input_type})
+
+    def w(*shape, scale=0.05):
+        return torch.randn(*shape, generator=g) * scale
+
+    sd = {"embed_tokens.weight": w(vocab, hidden, scale=0.3), "fc.weight": w(hidden, 2 * hidden),
+          "fc.bias": w(hidden)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        sd.update({p + f"self_attn.{n}_proj.weight": w(hidden, hidden) for n in "qkvo"})
+        sd.update({p + "mlp.gate_proj.weight": w(intermediate, hidden), p + "mlp.up_proj.weight": w(intermediate, hidden),
+                   p + "mlp.down_proj.weight": w(hidden, intermediate),
+                   p + "post_attention_layernorm.weight": 1 + w(hidden)})
+        if i:
+            sd[p + "input_layernorm.weight"] = 1 + w(hidden)
+    torch.save(sd, folder / "pytorch_model.bin")
+    return folder

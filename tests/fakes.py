@@ -106,6 +106,25 @@ class TabularAdapter(ImageAdapter):
         return out
 
 
+class FeaturedTabularAdapter(TabularAdapter):
+    """A :class:`TabularAdapter` that gives a draft head hidden states: its logits,
+    zero-padded to ``width``, with the output head reading them back."""
+
+    def __init__(self, width: int = 8, **kw):
+        super().__init__(**kw)
+        self.feature_size = width
+
+    def _logits(self, target):
+        logits = super()._logits(target)
+        if self.keep_features:
+            pad = logits.new_zeros(*logits.shape[:-1], self.feature_size - logits.shape[-1])
+            self.features = torch.cat([logits, pad], -1)
+        return logits
+
+    def logits_from_features(self, features):
+        return features[..., : self.vocab_size].float().clone()  # the engine consumes logits in place
+
+
 class PoisonedAdapter(TabularAdapter):
     """A :class:`TabularAdapter` whose logits for stream position ``at`` are
     broken: ``"nan-row"`` (all NaN), ``"nan-entry"`` (one NaN), ``"inf"`` (one +inf)."""

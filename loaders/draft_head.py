@@ -1,0 +1,238 @@
+"""EAGLE-style draft heads: LANTERN's released drafters and the ones ``spec-ar
+train-drafter`` writes.
+
+A draft head (Li et al., EAGLE; the architecture LANTERN releases for LlamaGen)
+predicts the target's next *feature* (its last hidden state after the final
+norm) from the target's feature at position ``s - 1`` and the token at ``s``:
+
+    g_s = layers(fc([embed_tokens(x_s) ; f_{s-1}]))      g_s ~ f_s
+
+and the target's own output head turns ``g_s`` into the draft distribution of
+``x_{s+1}``.  Later drafts feed the head's own ``g`` in place of ``f``.  The
+layers are Llama decoder layers without an input norm in the first one and
+without a final norm (the features are already normalised).
+
+Positions: LANTERN's LlamaGen heads use LlamaGen's 2D rotary table, indexed by
+the position of the token a head input carries; text-to-image heads first read
+the caption (``condition_inputs`` = 119 inputs pairing the caption's features
+with token 0, with zero rotary rows), class-to-image heads start at image token 0.
+
+Files: a folder with ``config.json`` and ``pytorch_model.bin`` (read weights-only)
+or ``model.safetensors``.  LANTERN's config is the target's Llama config with
+``num_hidden_layers`` 1 and ``input_type`` ``c2i`` (24 x 24 grid), ``t2i`` (16 x 16,
+119 caption inputs) or ``t2i2`` (32 x 32, 119); ours adds a ``spec_ar_drafter``
+block (grid or 1D positions, condition inputs, the target it was trained for).
+Key names are LANTERN's: ``embed_tokens``, ``fc``, ``layers.N.self_attn.{q,k,v,o}_proj``,
+``layers.N.mlp.{gate,up,down}_proj``, ``layers.N.{input,post_attention}_layernorm``.
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..formats.checkpoints import CheckpointError, load_file, load_weights, read_json, state_dict
+from .llamagen import KVCache, RMSNorm, apply_rope, grid_rope
+
+#: LANTERN's input types: (grid side, caption inputs before image token 0)
+LANTERN_INPUTS = {"c2i": (24, 0), "t2i": (16, 119), "t2i2": (32, 119)}
+FORMAT = "spec_ar_drafter"
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    layers: int
+    vocab: int
+    eps: float = 1e-6
+    fc_bias: bool = True
+    qkv_bias: bool = False
+    grid: int | None = None  # 2D rotary positions on this grid; None: 1D positions (the input's index)
+    condition_inputs: int = 0  # inputs before image token 0 (caption features paired with token 0)
+    rope_base: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @classmethod
+    def from_config(cls, config: dict, source) -> "HeadSpec":
+        ours = config.get(FORMAT) or {}
+        if not ours and config.get("input_type") not in LANTERN_INPUTS:
+            raise CheckpointError(f"{source}: not a draft head: config.json has neither a {FORMAT!r} block nor "
+                                  f"LANTERN's input_type ({', '.join(LANTERN_INPUTS)}); got "
+                                  f"{config.get('input_type')!r}")
+        try:
+            hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+            fields = dict(hidden=hidden, heads=heads, kv_heads=int(config.get("num_key_value_heads") or heads),
+                          intermediate=int(config["intermediate_size"]), layers=int(config["num_hidden_layers"]),
+                          vocab=int(config["vocab_size"]), eps=float(config.get("rms_norm_eps", 1e-6)),
+                          fc_bias=bool(config.get("bias", True)), qkv_bias=bool(config.get("qkv_bias", False)))
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{source}: config.json lacks a usable {err} for a draft head") from None
+        if ours:
+            fields.update(grid=ours.get("grid"), condition_inputs=int(ours.get("condition_inputs", 0)),
+                          rope_base=float(ours.get("rope_base", 10000.0)))
+        else:  # LANTERN: LlamaGen's base 10000 whatever rope_theta says
+            fields["grid"], fields["condition_inputs"] = LANTERN_INPUTS[config["input_type"]]
+        return cls(**fields)
+
+
+class _Attention(nn.Module):
+    def __init__(self, s: HeadSpec):
+        super().__init__()
+        self.s = s
+        self.q_proj = nn.Linear(s.hidden, s.heads * s.head_dim, bias=s.qkv_bias)
+        self.k_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=s.qkv_bias)
+        self.v_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=s.qkv_bias)
+        self.o_proj = nn.Linear(s.heads * s.head_dim, s.hidden, bias=False)
+
+    def forward(self, x, rope, cache, layer, mask):
+        n, L, _ = x.shape
+        s = self.s
+        q = apply_rope(self.q_proj(x).view(n, L, s.heads, s.head_dim), rope)
+        k = apply_rope(self.k_proj(x).view(n, L, s.kv_heads, s.head_dim), rope)
+        v = self.v_proj(x).view(n, L, s.kv_heads, s.head_dim)
+        k, v = cache.write(layer, k.transpose(1, 2), v.transpose(1, 2))
+        if s.kv_heads != s.heads:
+            k, v = (t.repeat_interleave(s.heads // s.kv_heads, 1) for t in (k, v))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(n, L, -1))
+
+
+class _MLP(nn.Module):
+    def __init__(self, s: HeadSpec):
+        super().__init__()
+        self.gate_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
+        self.up_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
+        self.down_proj = nn.Linear(s.intermediate, s.hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, s: HeadSpec, index: int):
+        super().__init__()
+        self.self_attn, self.mlp = _Attention(s), _MLP(s)
+        if index:  # the first layer reads fc's output as it is
+            self.input_layernorm = RMSNorm(s.hidden, s.eps)
+        self.post_attention_layernorm = RMSNorm(s.hidden, s.eps)
+
+    def forward(self, x, rope, cache, layer, mask):
+        h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        x = x + self.self_attn(h, rope, cache, layer, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DraftHead(nn.Module):
+    """The network (parameter names as LANTERN's files) and its cache handling."""
+
+    def __init__(self, spec: HeadSpec, name: str = "draft head", config: dict | None = None):
+        super().__init__()
+        self.spec, self.name, self.config = spec, name, dict(config or {})
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+        self.fc = nn.Linear(2 * spec.hidden, spec.hidden, bias=spec.fc_bias)
+        self.layers = nn.ModuleList(_Layer(spec, i) for i in range(spec.layers))
+        self._rope = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def forward(self, tokens, features, rope, cache, mask):
+        """``tokens`` ``[N, L]`` and the features before them ``[N, L, H]`` -> the
+        predicted next features ``[N, L, H]``."""
+        h = self.fc(torch.cat([self.embed_tokens(tokens), features.to(self.fc.weight.dtype)], -1))
+        for i, layer in enumerate(self.layers):
+            h = layer(h, rope, cache, i, mask)
+        return h
+
+    # -- inference with a cache whose rows advance by different amounts -------------------
+    def new_cache(self, rows: int, image_positions: int) -> KVCache:
+        """A cache for ``rows`` rows of the condition inputs and ``image_positions``
+        inputs (the image and the drafts that run past its end)."""
+        s = self.spec
+        capacity = s.condition_inputs + image_positions
+        if self._rope is None or self._rope.shape[0] < capacity:
+            self._rope = self.rope_table(image_positions).to(self.device)
+        return KVCache(s.layers, s.kv_heads, s.head_dim, rows, capacity, self.fc.weight.dtype, self.device)
+
+    def rope_table(self, positions: int) -> torch.Tensor:
+        """``[condition_inputs + positions, head_dim / 2, 2]``: zero rows for the
+        caption inputs, then LlamaGen's 2D table on ``grid`` (or 1D positions)."""
+        s = self.spec
+        if s.grid:
+            return grid_rope(s.head_dim, s.rope_base, s.grid, positions - s.grid * s.grid, s.condition_inputs)
+        freqs = 1.0 / s.rope_base ** (torch.arange(s.head_dim // 2, dtype=torch.float64) * 2 / s.head_dim)
+        angles = torch.outer(torch.arange(s.condition_inputs + positions).double(), freqs)
+        return torch.stack([angles.cos(), angles.sin()], -1).float()
+
+    @torch.no_grad()
+    def step(self, tokens, features, cache: KVCache) -> torch.Tensor:
+        """Append ``L`` inputs per row to ``cache``; their predicted features."""
+        L = tokens.shape[1]
+        pos, mask = cache.begin(L)
+        out = self(tokens, features, self._rope[pos], cache, mask)
+        cache.advance([L] * len(cache.host_length))
+        return out
+
+    def describe(self) -> dict:
+        return {"name": self.name, **asdict(self.spec)}
+
+
+def is_draft_head(path) -> bool:
+    """A folder whose config.json declares a draft head (ours, or LANTERN's input_type
+    with a head's ``fc`` weights rather than a whole model)."""
+    path = pathlib.Path(path)
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        return False
+    config = read_json(path / "config.json")
+    if FORMAT in config:
+        return True
+    return config.get("input_type") in LANTERN_INPUTS and int(config.get("num_hidden_layers", 99)) <= 4 \
+        and "cls_token_num" not in config
+
+
+def load_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
+    folder = pathlib.Path(folder)
+    config = read_json(folder / "config.json")
+    spec = HeadSpec.from_config(config, folder / "config.json")
+    files = [folder / name for name in WEIGHTS if (folder / name).is_file()]
+    if not files:
+        raise CheckpointError(f"{folder}: no {' or '.join(WEIGHTS)} beside its config.json: the download is "
+                              "incomplete")
+    kind = "LANTERN" if FORMAT not in config else "spec-ar"
+    name = (config.get(FORMAT) or {}).get("name") or f"{folder.name} ({kind} draft head)"
+    head = DraftHead(spec, name, config)
+    sd = state_dict(load_file(files[0]))
+    load_weights(head, sd, files[0], f"a draft head of width {spec.hidden} with {spec.layers} layer(s) and "
+                                     f"{spec.vocab} token embeddings")
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def save_head(head: DraftHead, folder, info: dict) -> None:
+    """Write ``head`` as a folder :func:`load_head` reads (our format: LANTERN's keys
+    and config fields plus the ``spec_ar_drafter`` block with ``info``)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    s = head.spec
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": s.hidden,
+              "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
+              "intermediate_size": s.intermediate, "num_hidden_layers": s.layers, "vocab_size": s.vocab,
+              "rms_norm_eps": s.eps, "hidden_act": "silu", "bias": s.fc_bias, "qkv_bias": s.qkv_bias,
+              FORMAT: {"grid": s.grid, "condition_inputs": s.condition_inputs, "rope_base": s.rope_base, **info}}
+    tensors = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
