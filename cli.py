@@ -21,6 +21,12 @@ def _train_embedded(args) -> int:
     return train(args.rest)
 
 
+def _train_drafter(args) -> int:
+    from .training.drafter import main as train
+
+    return train(args.rest)
+
+
 def _bench(args) -> int:
     from .bench.run import main as bench
 
@@ -123,7 +129,8 @@ def _queue(args) -> int:
 
 
 #: subcommands with their own option parsers: everything after the name goes to them
-PASSTHROUGH = {"train-embedded": _train_embedded, "evaluate": _evaluate, "bench": _bench, "queue": _queue}
+PASSTHROUGH = {"train-embedded": _train_embedded, "train-drafter": _train_drafter, "evaluate": _evaluate,
+               "bench": _bench, "queue": _queue}
 
 
 #: errors that are about the user's input: printed as one line, exit status 2
@@ -174,6 +181,10 @@ def _dispatch(argv: list[str]) -> int:
                            add_help=False)
     train.add_argument("rest", nargs=argparse.REMAINDER)
     train.set_defaults(run=_train_embedded)
+    drafter = sub.add_parser("train-drafter", help="train a draft head for any model, on its own samples",
+                             add_help=False)
+    drafter.add_argument("rest", nargs=argparse.REMAINDER)
+    drafter.set_defaults(run=_train_drafter)
     ev = sub.add_parser("evaluate", help="prompt adherence and Frechet distance of the embedded model per mode",
                         add_help=False)
     ev.add_argument("rest", nargs=argparse.REMAINDER)
@@ -190,9 +201,10 @@ def _dispatch(argv: list[str]) -> int:
     render.add_argument("--vq", help="VQ tokenizer: LlamaGen's file (found beside the GPT if there is one), or the "
                                      "folder with Meta's vqgan.yaml + vqgan.ckpt (Lumina-mGPT, Anole)")
     render.add_argument("--text-encoder", help="T5 folder (LlamaGen text-to-image: a copy of google/flan-t5-xl)")
-    render.add_argument("--drafter", help="a smaller sibling model (file or folder) that drafts instead of Jacobi "
-                                          "self-drafting: same family, image codebook and grid as --model, e.g. "
-                                          "LlamaGen-B for LlamaGen-XL c2i, Janus-Pro-1B for Janus-Pro-7B")
+    render.add_argument("--drafter", help="drafts instead of Jacobi self-drafting: a draft head folder (LANTERN's "
+                                          "released drafters, or spec-ar train-drafter's), or a smaller sibling "
+                                          "model with the same image codebook and grid as --model, e.g. LlamaGen-B "
+                                          "for LlamaGen-XL c2i, Janus-Pro-1B for Janus-Pro-7B")
     render.add_argument("--prompt", help="text prompt")
     render.add_argument("--negative-prompt", help="negative prompt (Emu3; default: the reference's)")
     render.add_argument("--class-id", type=int, help="class id (class-conditional models)")

@@ -111,9 +111,12 @@ class RaggedCacheAdapter(ImageAdapter):
         logits = self.head(hidden).float()
         return logits.view(-1, self.batch, *logits.shape[1:])
 
-    @torch.no_grad()
     def logits_from_features(self, features):
         return self._logits(features.reshape(-1, *features.shape[2:]))
+
+    @torch.no_grad()
+    def input_embeddings(self):
+        return self.model.get_input_embeddings().weight.detach()[: self.vocab_size]
 
     def rollback(self, n):
         self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))  # the same for every branch

@@ -223,6 +223,11 @@ class JanusAdapter(RaggedCacheAdapter):
         self.cache.commit()
         return self._logits(hidden)
 
+    @torch.no_grad()
+    def input_embeddings(self):  # image tokens enter through the generation embedding and aligner
+        ids = torch.arange(self.vocab_size, device=self.device).unsqueeze(0)
+        return self.model.prepare_embeddings_for_image_generation(ids)[0]
+
     def token_vectors(self):
         book = self.model.model.vqmodel.quantize.embedding.weight.detach().float()
         return torch.arange(book.shape[0]), torch.nn.functional.normalize(book, dim=-1)

@@ -196,10 +196,10 @@ class LlamaGenGPT(nn.Module):
         if cond_mask is not None:  # padded condition keys are invisible; each row sees itself
             allowed[:, :, :c] &= cond_mask.bool()[:, None, :]
             allowed |= torch.eye(s, dtype=torch.bool, device=h.device)
-        return self(h, rope, _WholeSequence(), allowed.unsqueeze(1))[:, c - 1:]
+        return self(h, rope, WholeSequence(), allowed.unsqueeze(1))[:, c - 1:]
 
 
-class _WholeSequence:
+class WholeSequence:
     """Stands in for the KV cache when a forward sees the whole sequence."""
 
     @staticmethod
@@ -289,7 +289,7 @@ class LlamaGenAdapter(ImageAdapter):
         self.device = gpt.output.weight.device
         self.dtype = gpt.output.weight.dtype
         self.vocab_size = s.vocab_size
-        self.feature_size, self.condition_positions = s.dim, s.cond_tokens
+        self.feature_size, self.condition_positions, self.rope_grid = s.dim, s.cond_tokens, grid
         self.layout = TokenLayout.raster(grid, grid, s.vocab_size)
         self.codebook = codebook
         self.text_encoder = text_encoder
@@ -365,9 +365,11 @@ class LlamaGenAdapter(ImageAdapter):
         logits = self.gpt.output(features).float()
         return logits.view(-1, self.batch, L, logits.shape[-1])
 
-    @torch.no_grad()
     def logits_from_features(self, features):
         return self.gpt.output(features.to(self.dtype)).float()
+
+    def input_embeddings(self):
+        return self.gpt.tok_embeddings.weight.detach()
 
     def rollback(self, n):
         branches = len(self.cache.host_length) // len(n)

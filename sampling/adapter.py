@@ -97,9 +97,11 @@ class ImageAdapter:
     #: keep the final hidden states of each call in ``features`` (a draft head reads them)
     keep_features: bool = False
     features: torch.Tensor | None = None
-    #: width of those hidden states, and the condition's length where it is fixed (LlamaGen)
+    #: width of those hidden states, the condition's length where it is fixed (LlamaGen),
+    #: and the side of a 2D rotary position grid (LlamaGen's; None: 1D positions)
     feature_size: int | None = None
     condition_positions: int | None = None
+    rope_grid: int | None = None
 
     def check_conditions(self, conditions: Sequence, negatives: Sequence | None) -> None:
         """Raise ``ValueError`` naming the bad prompt before any model work."""
@@ -127,6 +129,11 @@ class ImageAdapter:
         logits in place) of final hidden states ``[..., H]`` through the model's
         output head; adapters that keep ``features`` have it."""
         raise NotImplementedError(f"{type(self).__name__} gives no hidden states to a draft head")
+
+    def input_embeddings(self) -> torch.Tensor | None:
+        """``[vocab, H]``: what the model reads for each token id (a new draft head's
+        frozen embeddings start from it); None if unknown."""
+        return None
 
     def token_vectors(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(ids [N], vectors [N, D])``: codebook vectors of the image tokens."""

@@ -141,7 +141,7 @@ class HeadDrafts:
             if j:
                 g = self._step(tok, g.reshape(R * B, 1, -1)).view(R, B, 1, -1)
                 self.spec_len = [n + 1 for n in self.spec_len]
-            with self.timer.model("drafter"):
+            with self.timer.model("drafter"), torch.no_grad():
                 logits = self.target.logits_from_features(g)
             drafting = pos >= start.unsqueeze(1)
             q = self.pipeline(logits, pos)  # [B, 1, V]

@@ -31,7 +31,7 @@ LAYERS = [
     {"decoders"},  # VQ decoders
     {"embedded.model"},  # the shipped model's definition
     {"loaders"},  # model families -> engine adapters
-    {"embedded"},  # training, demo, evaluation and judge of the shipped model
+    {"embedded", "training"},  # training, demo, evaluation and judge of the shipped model; drafter training
     {"bench", "benchmarks"},
     {"workflows"},  # ComfyUI's workflow formats
     {"nodes"},  # ComfyUI nodes

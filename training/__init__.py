@@ -1,0 +1,1 @@
+"""Training what the engine drafts with (``spec-ar train-drafter``)."""
