@@ -42,6 +42,14 @@ class LoadedModel:
     def device(self) -> torch.device:
         return torch.device(self.adapter.device)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' precision (of the first module; float32 if none)."""
+        for module in self.modules.values():
+            for p in module.parameters():
+                return p.dtype
+        return torch.float32
+
     def check_decoder_fits(self) -> None:
         """Before decoding starts: one image's decode must fit the free memory."""
         check_fits({"VQ decoder": self.decode_bytes_per_image}, 1, self.device, what="decode")

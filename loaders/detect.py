@@ -79,12 +79,17 @@ def load_drafter(path, target, text_encoder=None, device="cpu", dtype=torch.floa
     """A draft source for ``target`` (a :class:`~.base.LoadedModel`) from ``path``: a
     draft head folder (LANTERN's or ``spec-ar train-drafter``'s), or a sibling model
     with the same family grammar, image codebook and grid, loaded at the target's
-    resolution.  Refused with one clear error (naming ``option``) when it cannot
-    draft for the target."""
+    resolution; ``embedded``: the embedded model's shipped head.  Refused with one
+    clear error (naming ``option``) when it cannot draft for the target."""
     from ..sampling import ConfigError, HeadDrafts
     from ..sampling.model_drafts import ModelDrafts
     from . import draft_head
 
+    if str(path) == "embedded":  # the shipped model's draft head
+        path = embedded.DRAFTER
+        if not draft_head.is_draft_head(path):
+            raise CheckpointError(f"{option} embedded: the embedded model's draft head is missing ({path}); "
+                                  "train it with spec-ar train-drafter --model embedded")
     if draft_head.is_draft_head(path):
         drafts = HeadDrafts(draft_head.load_head(path, device, dtype))
         try:

@@ -18,6 +18,8 @@ from .family import Detected, Family
 from .llamagen import GPTSpec, LlamaGenAdapter, LlamaGenGPT
 
 FOLDER = pathlib.Path(__file__).resolve().parent.parent / "embedded" / "weights"
+#: its draft head (``spec-ar train-drafter``), which ``--drafter embedded`` selects
+DRAFTER = FOLDER / "drafter"
 FORMAT = "spec_ar-embedded"
 
 

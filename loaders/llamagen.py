@@ -8,8 +8,10 @@ token) or a caption projection of flan-t5-xl features with a learned
 unconditional embedding (t2i, 120 left-padded condition tokens).
 
 Loads the released ``.pt`` files (weights under ``model``/``module``/
-``state_dict`` or raw; a stray ``freqs_cis`` is ignored) and the same weights as
-``.safetensors``.  The size (B, L, XL, XXL, 3B, ...) is read from the weights.
+``state_dict`` or raw; a stray ``freqs_cis`` is ignored), the same weights as
+``.safetensors``, and folders in transformers' layout (LANTERN's converted
+``LlamaGen-T2I``: config.json with ``cls_token_num``, ``model.layers.N.self_attn.q_proj``
+...).  The size (B, L, XL, XXL, 3B, ...) is read from the weights.
 The image grid is not stored in the weights (rotary tables are computed), except
 in old files that carry ``freqs_cis``.  It comes from, in order: the size asked
 for, ``freqs_cis``, the released file name (``c2i_B_256.pt``), else the
@@ -20,13 +22,13 @@ from __future__ import annotations
 import math
 import pathlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..formats.checkpoints import CheckpointError, load_file, load_weights, peek, state_dict
+from ..formats.checkpoints import CheckpointError, load_file, load_weights, peek, read_json, state_dict, weight_files
 from ..sampling.adapter import ImageAdapter, TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, NotAModel
@@ -401,13 +403,65 @@ RESOLUTIONS = (256, 384, 512)
 DEFAULT_RESOLUTION = {"c2i": 384, "t2i": 512}  # the reference sampling scripts
 
 
-def load_gpt(path, device="cpu", dtype=torch.float32) -> LlamaGenGPT:
-    """A LlamaGen GPT from ``.pt`` (any wrapper) or ``.safetensors``."""
-    sd = state_dict(load_file(path))
-    try:
+#: transformers-style names (LANTERN's converted folders, e.g. jadohu/LlamaGen-T2I) -> LlamaGen's own;
+#: q_proj / k_proj / v_proj are joined into wqkv in that order (their rotary stays interleaved, unpermuted)
+HF_NAMES = [(r"model\.embed_tokens\.", "tok_embeddings."), (r"model\.cls_embedding\.", "cls_embedding."),
+            (r"model\.layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.attention.wo."),
+            (r"model\.layers\.(\d+)\.mlp\.gate_proj\.", r"layers.\1.feed_forward.w1."),
+            (r"model\.layers\.(\d+)\.mlp\.up_proj\.", r"layers.\1.feed_forward.w3."),
+            (r"model\.layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.feed_forward.w2."),
+            (r"model\.layers\.(\d+)\.input_layernorm\.", r"layers.\1.attention_norm."),
+            (r"model\.layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.ffn_norm."),
+            (r"model\.norm\.", "norm."), (r"lm_head\.", "output.")]
+
+
+def is_hf_folder(path: pathlib.Path) -> bool:
+    """A LlamaGen GPT in transformers' layout: config.json with LlamaGen's ``cls_token_num``."""
+    return path.is_dir() and (path / "config.json").is_file() and "cls_token_num" in read_json(path / "config.json")
+
+
+def from_hf_names(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in sd.items():
+        m = re.fullmatch(r"model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.weight", key)
+        if m:
+            if m.group(2) == "q":
+                parts = [sd[f"model.layers.{m.group(1)}.self_attn.{x}_proj.weight"] for x in "qkv"]
+                out[f"layers.{m.group(1)}.attention.wqkv.weight"] = torch.cat(parts)
+            continue
+        for pattern, repl in HF_NAMES:
+            key, n = re.subn("^" + pattern, repl, key)
+            if n:
+                break
+        out[key] = value
+    return out
+
+
+def _read_gpt(path: pathlib.Path) -> tuple[dict, GPTSpec]:
+    """State dict and architecture of a GPT file, or of a transformers-layout folder
+    (its ``num_attention_heads`` and ``block_size`` are read from its config)."""
+    if path.is_dir():
+        config = read_json(path / "config.json")
+        files = weight_files(path)
+        if not files:
+            raise CheckpointError(f"{path}: no weights (model*.safetensors or pytorch_model*.bin) beside its "
+                                  "config.json: the download is incomplete")
+        sd = from_hf_names({k: v for f in files for k, v in state_dict(load_file(f)).items()})
         spec = GPTSpec.from_state_dict(sd)
+        heads, block = config.get("num_attention_heads"), config.get("block_size")
+        return sd, replace(spec, n_head=int(heads or spec.n_head),
+                           grid=math.isqrt(int(block)) if block else spec.grid)
+    sd = state_dict(load_file(path))
+    return sd, GPTSpec.from_state_dict(sd)
+
+
+def load_gpt(path, device="cpu", dtype=torch.float32) -> LlamaGenGPT:
+    """A LlamaGen GPT from ``.pt`` (any wrapper) or ``.safetensors``, or a folder in
+    transformers' layout (LANTERN's converted LlamaGen)."""
+    try:
+        sd, spec = _read_gpt(pathlib.Path(path))
     except CheckpointError as err:
-        raise CheckpointError(f"{path}: {err}") from err
+        raise CheckpointError(f"{path}: {err}" if str(path) not in str(err) else str(err)) from err
     gpt = LlamaGenGPT(spec)
     load_weights(gpt, {k: v for k, v in sd.items() if k != "freqs_cis"}, path, spec.name)  # freqs_cis: recomputed
     return gpt.to(device=device, dtype=dtype).eval()
@@ -509,8 +563,12 @@ def find_vq(gpt_path: pathlib.Path) -> pathlib.Path | None:
 
 
 def _detect(path: pathlib.Path) -> Detected | None:
-    """A GPT file, or a folder without ``config.json`` holding exactly one."""
+    """A GPT file, a folder without ``config.json`` holding exactly one, or a GPT
+    folder in transformers' layout."""
     if path.is_dir():
+        if is_hf_folder(path):
+            return Detected("llamagen", path, "c2i" if read_json(path / "config.json").get("input_type") == "c2i"
+                            else "t2i")
         if (path / "config.json").is_file():
             return None
         gpts = gpts_in(path)

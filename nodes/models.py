@@ -11,6 +11,7 @@ from . import common
 FOLDER = "spec_ar"  # models/spec_ar, or wherever extra_model_paths.yaml points "spec_ar"
 ARModel = io.Custom("SPEC_AR_MODEL")
 VQDecoder = io.Custom("SPEC_AR_VQ")
+Drafter = io.Custom("SPEC_AR_DRAFTER")
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
 DEVICES = ["auto", "cpu"]
 AUTO_VQ = "auto (built-in, or beside the model)"
@@ -162,3 +163,39 @@ class LoadVQDecoder(io.ComfyNode):
         device = model.loaded.adapter.device if model is not None else "cpu"
         decoder = VQ16Decoder.load(path, device=device)
         return io.NodeOutput(VQHandle(decoder.decode, path.name, decoder.bytes_per_image, str(device)))
+
+
+class LoadDrafter(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SpecAR_LoadDrafter", display_name="Load Drafter", category="SpeculativeAR",
+            description="A draft model for the sampler's drafter input, in place of Jacobi self-drafting: a draft "
+                        "head (LANTERN's released drafters, or one made by spec-ar train-drafter) or a smaller "
+                        "sibling of the model with the same codebook and grid. Checked against the model here.",
+            inputs=[
+                io.Combo.Input("drafter", options=[common.EMBEDDED_DRAFTER] + common.list_models(folders()),
+                               default=common.EMBEDDED_DRAFTER,
+                               tooltip="A draft head folder (config.json + weights) or a model in models/spec_ar; "
+                                       "the embedded model's own head ships with the pack."),
+                ARModel.Input("model", tooltip="The model it drafts for (from Load AR Image Model)."),
+            ],
+            outputs=[Drafter.Output(display_name="drafter", tooltip="For the sampler's drafter input.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, drafter=None, model=None):
+        if drafter not in (None, common.EMBEDDED_DRAFTER):
+            try:
+                common.resolve_model(drafter, folders())
+            except FileNotFoundError as err:
+                return f"drafter: {err}"
+        return True
+
+    @classmethod
+    def execute(cls, drafter, model):
+        from ..loaders.detect import load_drafter
+
+        loaded = model.loaded
+        path = "embedded" if drafter == common.EMBEDDED_DRAFTER else str(common.resolve_model(drafter, folders()))
+        return io.NodeOutput(load_drafter(path, loaded, None, loaded.device, loaded.dtype, option="drafter"))

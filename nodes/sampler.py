@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from comfy_api.v0_0_2 import io
 
 from . import common
-from .models import ARModel, VQDecoder
+from .models import ARModel, Drafter, VQDecoder
 
 Tokens = io.Custom("SPEC_AR_TOKENS")
 Report = io.Custom("SPEC_AR_REPORT")
@@ -90,6 +90,10 @@ class SpeculativeARSampler(io.ComfyNode):
                 VQDecoder.Input("vq", optional=True,
                                 tooltip="A decoder other than the model's own; without any, the image output "
                                         "shows the token grid and VQ Decode turns the tokens into pictures."),
+                Drafter.Input(common.DRAFTER_INPUT, optional=True,
+                              tooltip="A draft model (from Load Drafter) in place of Jacobi self-drafting: it "
+                                      "proposes drafter_depth tokens per forward from the accepted prefix; the "
+                                      "window, draft_init and draft_coupling knobs then do not apply."),
             ],
             outputs=[
                 io.Image.Output(display_name="images"),
@@ -114,7 +118,7 @@ class SpeculativeARSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, prompt, mode, seed, batch_size, resolution, negative_prompt="", vq=None,
-                family_defaults=True, **widgets):
+                family_defaults=True, drafter=None, **widgets):
         import comfy.model_management as mm
         import comfy.utils
 
@@ -141,7 +145,11 @@ class SpeculativeARSampler(io.ComfyNode):
         conditions = [condition] * batch_size
         loaded.adapter.check_conditions(conditions, negatives)
         decode = vq.decode if vq is not None else loaded.decode
-        decoder = SpeculativeDecoder(loaded.adapter, config, surface="node")  # k against the codebook, named "k"
+        if drafter is not None and not config.drafts:
+            raise ValueError(f"drafter: a draft model drafts for the speculative modes, not mode {mode!r}; "
+                             "disconnect it or choose another mode")
+        # k against the codebook, named "k"; a draft model checked against this (maybe resized) model
+        decoder = SpeculativeDecoder(loaded.adapter, config, drafter=drafter, surface="node")
         layout = loaded.adapter.layout
         decode_bytes = (vq.bytes_per_image(layout.grid) if vq is not None and vq.bytes_per_image
                         else loaded.decode_bytes_per_image if vq is None else 0)

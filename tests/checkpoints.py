@@ -250,3 +250,37 @@ def write_lantern_head(folder: pathlib.Path, hidden=128, heads=2, intermediate=2
             sd[p + "input_layernorm.weight"] = 1 + w(hidden)
     torch.save(sd, folder / "pytorch_model.bin")
     return folder
+
+
+def write_hf_llamagen(folder: pathlib.Path, gpt: LlamaGenGPT, grid: int) -> pathlib.Path:
+    """A LlamaGen GPT as LANTERN's converted folders hold it (jadohu/LlamaGen-T2I):
+    transformers' Llama names, wqkv split into q/k/v (rotary left interleaved),
+    LlamaGen's own settings (cls_token_num, block_size, input_type) in config.json."""
+    from safetensors.torch import save_file
+
+    s = gpt.spec
+    names = {"tok_embeddings.": "model.embed_tokens.", "cls_embedding.": "model.cls_embedding.", "norm.": "model.norm.",
+             "output.": "lm_head.", "attention.wo.": "self_attn.o_proj.", "feed_forward.w1.": "mlp.gate_proj.",
+             "feed_forward.w3.": "mlp.up_proj.", "feed_forward.w2.": "mlp.down_proj.",
+             "attention_norm.": "input_layernorm.", "ffn_norm.": "post_attention_layernorm."}
+    sd = {}
+    for key, value in gpt.state_dict().items():
+        if key.endswith("attention.wqkv.weight"):
+            layer = key.split(".")[1]
+            for name, part in zip("qkv", value.chunk(3)):
+                sd[f"model.layers.{layer}.self_attn.{name}_proj.weight"] = part.clone()
+            continue
+        for old, new in names.items():
+            if key.startswith(old) or f".{old}" in key:
+                key = ("model." + key.replace(old, new)) if key.startswith("layers.") else key.replace(old, new, 1)
+                break
+        sd[key] = value.clone()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(folder / "model.safetensors"))
+    write_json(folder / "config.json", {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": s.dim,
+        "num_attention_heads": s.n_head, "num_key_value_heads": s.n_head, "num_hidden_layers": s.n_layer,
+        "intermediate_size": s.ffn_hidden, "vocab_size": s.vocab_size, "rms_norm_eps": 1e-5, "block_size": grid * grid,
+        "cls_token_num": s.cond_tokens, "input_type": s.kind, "caption_dim": s.caption_dim, "rope_base": 10000,
+        "class_dropout_p": 0.1, "token_dropout_p": 0.1, "resid_dropout_p": 0.1, "ffn_dropout_p": 0.1})
+    return folder

@@ -221,3 +221,25 @@ def test_whole_sequence_scoring_equals_the_cached_path(files):
         cond = gpt.cls_embedding.embedding_table(torch.tensor([3, 7])).unsqueeze(1)
         whole = gpt.sequence_logits(cond, seq, grid=4)
     torch.testing.assert_close(whole, cached, atol=2e-4, rtol=1e-4)
+
+
+def test_lanterns_converted_llamagen_folder_loads_as_the_same_model(tmp_path):
+    from spec_ar.loaders.detect import detect, load_model
+
+    from .checkpoints import write_hf_llamagen, write_t5
+
+    gpt = random_gpt(tiny_gpt_spec("t2i", cond_tokens=120), seed=4)
+    original = write_gpt(tmp_path / "t2i.pt", gpt)
+    folder = write_hf_llamagen(tmp_path / "LlamaGen-T2I", gpt, grid=16)
+    vq, t5 = write_vq(tmp_path / "vq.pt"), write_t5(tmp_path / "t5")
+    hit = detect(folder)
+    assert hit.family == "llamagen" and hit.detail == "t2i"
+    converted = load_model(folder, vq, t5)
+    assert converted.resolution == 256 and not converted.warnings  # the grid comes from block_size
+    reference = load_model(original, vq, t5, resolution=256)
+    logits = []
+    for m in (converted, reference):
+        ad = m.adapter
+        first = ad.prefill(["a cat"], None, True)
+        logits.append(torch.cat([first.unsqueeze(2), ad.forward(torch.tensor([[5, 9, 2]]))], 2))
+    torch.testing.assert_close(logits[0], logits[1])
