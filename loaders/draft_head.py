@@ -18,10 +18,15 @@ the caption (``condition_inputs`` = 119 inputs pairing the caption's features
 with token 0, with zero rotary rows), class-to-image heads start at image token 0.
 
 Files: a folder with ``config.json`` and ``pytorch_model.bin`` (read weights-only)
-or ``model.safetensors``.  LANTERN's config is the target's Llama config with
-``num_hidden_layers`` 1 and ``input_type`` ``c2i`` (24 x 24 grid), ``t2i`` (16 x 16,
-119 caption inputs) or ``t2i2`` (32 x 32, 119); ours adds a ``spec_ar_drafter``
-block (grid or 1D positions, condition inputs, the target it was trained for).
+or ``model.safetensors``.  LANTERN's LlamaGen config is the target's Llama config
+with ``num_hidden_layers`` 1 and ``input_type`` ``c2i`` (24 x 24 grid), ``t2i`` (16 x 16,
+119 caption inputs) or ``t2i2`` (32 x 32, 119).  Its Anole drafter has Anole's
+Chameleon config with one layer: an input norm in every layer, q/k LayerNorms per
+head, Chameleon's 1D rotary (half-split pairs, reordered here to LlamaGen's
+neighbouring pairs at load), and the prompt read first, each prompt feature with the
+next prompt token.  Ours adds a
+``spec_ar_drafter`` block (grid or 1D positions, condition inputs, the target it
+was trained for).
 Key names are LANTERN's: ``embed_tokens``, ``fc``, ``layers.N.self_attn.{q,k,v,o}_proj``,
 ``layers.N.mlp.{gate,up,down}_proj``, ``layers.N.{input,post_attention}_layernorm``.
 """
@@ -34,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..formats.checkpoints import CheckpointError, load_file, load_weights, read_json, state_dict
+from ..formats.checkpoints import CheckpointError, load_file, load_weights, peek, read_json, state_dict
 from .llamagen import KVCache, RMSNorm, apply_rope, grid_rope
 
 #: LANTERN's input types: (grid side, caption inputs before image token 0)
@@ -57,6 +62,13 @@ class HeadSpec:
     grid: int | None = None  # 2D rotary positions on this grid; None: 1D positions (the input's index)
     condition_inputs: int = 0  # inputs before image token 0 (caption features paired with token 0)
     rope_base: float = 10000.0
+    # LANTERN's Chameleon (Anole) heads: the prompt is read first (its features, each with the
+    # next prompt token), every layer has an input norm, q and k get a LayerNorm per head
+    prompt_inputs: bool = False
+    first_norm: bool = False
+    qk_norm: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -65,10 +77,10 @@ class HeadSpec:
     @classmethod
     def from_config(cls, config: dict, source) -> "HeadSpec":
         ours = config.get(FORMAT) or {}
-        if not ours and config.get("input_type") not in LANTERN_INPUTS:
+        if not ours and config.get("input_type") not in LANTERN_INPUTS and config.get("model_type") != "chameleon":
             raise CheckpointError(f"{source}: not a draft head: config.json has neither a {FORMAT!r} block nor "
-                                  f"LANTERN's input_type ({', '.join(LANTERN_INPUTS)}); got "
-                                  f"{config.get('input_type')!r}")
+                                  f"LANTERN's input_type ({', '.join(LANTERN_INPUTS)}) or Chameleon model_type; "
+                                  f"got input_type {config.get('input_type')!r}")
         try:
             hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
             fields = dict(hidden=hidden, heads=heads, kv_heads=int(config.get("num_key_value_heads") or heads),
@@ -80,7 +92,12 @@ class HeadSpec:
         if ours:
             fields.update(grid=ours.get("grid"), condition_inputs=int(ours.get("condition_inputs", 0)),
                           rope_base=float(ours.get("rope_base", 10000.0)))
-        else:  # LANTERN: LlamaGen's base 10000 whatever rope_theta says
+        elif config.get("model_type") == "chameleon":  # LANTERN's anole_drafter
+            bias = bool(config.get("attention_bias", False))
+            fields.update(prompt_inputs=True, first_norm=True, qk_norm=True, attention_bias=bias, qkv_bias=bias,
+                          mlp_bias=bool(config.get("mlp_bias", False)),
+                          rope_base=float(config.get("rope_theta", 10000.0)))
+        else:  # LANTERN's LlamaGen drafters: LlamaGen's base 10000 whatever rope_theta says
             fields["grid"], fields["condition_inputs"] = LANTERN_INPUTS[config["input_type"]]
         return cls(**fields)
 
@@ -92,13 +109,19 @@ class _Attention(nn.Module):
         self.q_proj = nn.Linear(s.hidden, s.heads * s.head_dim, bias=s.qkv_bias)
         self.k_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=s.qkv_bias)
         self.v_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=s.qkv_bias)
-        self.o_proj = nn.Linear(s.heads * s.head_dim, s.hidden, bias=False)
+        self.o_proj = nn.Linear(s.heads * s.head_dim, s.hidden, bias=s.attention_bias)
+        if s.qk_norm:  # Chameleon's: statistics over each head, a weight and bias per head
+            self.q_norm = _HeadNorm(s.heads, s.head_dim)
+            self.k_norm = _HeadNorm(s.kv_heads, s.head_dim)
 
     def forward(self, x, rope, cache, layer, mask):
         n, L, _ = x.shape
         s = self.s
-        q = apply_rope(self.q_proj(x).view(n, L, s.heads, s.head_dim), rope)
-        k = apply_rope(self.k_proj(x).view(n, L, s.kv_heads, s.head_dim), rope)
+        q = self.q_proj(x).view(n, L, s.heads, s.head_dim)
+        k = self.k_proj(x).view(n, L, s.kv_heads, s.head_dim)
+        if s.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
         v = self.v_proj(x).view(n, L, s.kv_heads, s.head_dim)
         k, v = cache.write(layer, k.transpose(1, 2), v.transpose(1, 2))
         if s.kv_heads != s.heads:
@@ -107,12 +130,22 @@ class _Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(n, L, -1))
 
 
+class _HeadNorm(nn.Module):
+    def __init__(self, heads: int, head_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], eps=1e-5) * self.weight + self.bias
+
+
 class _MLP(nn.Module):
     def __init__(self, s: HeadSpec):
         super().__init__()
-        self.gate_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
-        self.up_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
-        self.down_proj = nn.Linear(s.intermediate, s.hidden, bias=False)
+        self.gate_proj = nn.Linear(s.hidden, s.intermediate, bias=s.mlp_bias)
+        self.up_proj = nn.Linear(s.hidden, s.intermediate, bias=s.mlp_bias)
+        self.down_proj = nn.Linear(s.intermediate, s.hidden, bias=s.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -122,7 +155,7 @@ class _Layer(nn.Module):
     def __init__(self, s: HeadSpec, index: int):
         super().__init__()
         self.self_attn, self.mlp = _Attention(s), _MLP(s)
-        if index:  # the first layer reads fc's output as it is
+        if index or s.first_norm:  # LlamaGen heads: the first layer reads fc's output as it is
             self.input_layernorm = RMSNorm(s.hidden, s.eps)
         self.post_attention_layernorm = RMSNorm(s.hidden, s.eps)
 
@@ -156,13 +189,14 @@ class DraftHead(nn.Module):
         return h
 
     # -- inference with a cache whose rows advance by different amounts -------------------
-    def new_cache(self, rows: int, image_positions: int) -> KVCache:
-        """A cache for ``rows`` rows of the condition inputs and ``image_positions``
-        inputs (the image and the drafts that run past its end)."""
+    def new_cache(self, rows: int, image_positions: int, prompt: int = 0) -> KVCache:
+        """A cache for ``rows`` rows of the condition inputs (``condition_inputs``, or
+        ``prompt`` for heads that read the prompt) and ``image_positions`` inputs (the
+        image and the drafts that run past its end)."""
         s = self.spec
-        capacity = s.condition_inputs + image_positions
+        capacity = s.condition_inputs + prompt + image_positions
         if self._rope is None or self._rope.shape[0] < capacity:
-            self._rope = self.rope_table(image_positions).to(self.device)
+            self._rope = self.rope_table(prompt + image_positions).to(self.device)
         return KVCache(s.layers, s.kv_heads, s.head_dim, rows, capacity, self.fc.weight.dtype, self.device)
 
     def rope_table(self, positions: int) -> torch.Tensor:
@@ -189,16 +223,38 @@ class DraftHead(nn.Module):
 
 
 def is_draft_head(path) -> bool:
-    """A folder whose config.json declares a draft head (ours, or LANTERN's input_type
-    with a head's ``fc`` weights rather than a whole model)."""
+    """A folder holding a draft head: ours (config.json's ``spec_ar_drafter`` block),
+    LANTERN's LlamaGen drafters (``input_type``, not a whole converted model), or
+    its Anole drafter (a Chameleon config of a few layers whose weights are a head's:
+    ``fc`` and ``embed_tokens`` at the top level)."""
     path = pathlib.Path(path)
     if not (path.is_dir() and (path / "config.json").is_file()):
         return False
     config = read_json(path / "config.json")
     if FORMAT in config:
         return True
-    return config.get("input_type") in LANTERN_INPUTS and int(config.get("num_hidden_layers", 99)) <= 4 \
-        and "cls_token_num" not in config
+    if int(config.get("num_hidden_layers", 99)) > 4:
+        return False
+    if config.get("input_type") in LANTERN_INPUTS:
+        return "cls_token_num" not in config
+    files = [path / name for name in WEIGHTS if (path / name).is_file()]
+    return config.get("model_type") == "chameleon" and bool(files) and "fc.weight" in peek(files[0])
+
+
+def _interleave_rotary(sd: dict, spec: HeadSpec) -> dict:
+    """Chameleon's heads rotate the halves ``(x_i, x_{i + d/2})`` of each head;
+    :func:`~.llamagen.apply_rope` rotates neighbours ``(x_2i, x_2i+1)``.  Reordering q
+    and k's output rows (and their per-head norms) to ``0, d/2, 1, d/2 + 1, ...``
+    makes one the other, with the same frequencies."""
+    d = spec.head_dim
+    order = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], 1).flatten()
+    out = dict(sd)
+    for key, value in sd.items():
+        if any(f"self_attn.{n}" in key for n in ("q_proj.", "k_proj.", "q_norm.", "k_norm.")):
+            heads = value.shape[0] // d if "_proj." in key else value.shape[0]
+            shaped = value.reshape(heads, d, *value.shape[1:]) if "_proj." in key else value
+            out[key] = shaped[:, order].reshape(value.shape)
+    return out
 
 
 def load_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
@@ -213,6 +269,8 @@ def load_head(folder, device="cpu", dtype=torch.float32) -> DraftHead:
     name = (config.get(FORMAT) or {}).get("name") or f"{folder.name} ({kind} draft head)"
     head = DraftHead(spec, name, config)
     sd = state_dict(load_file(files[0]))
+    if spec.qk_norm:
+        sd = _interleave_rotary(sd, spec)
     load_weights(head, sd, files[0], f"a draft head of width {spec.hidden} with {spec.layers} layer(s) and "
                                      f"{spec.vocab} token embeddings")
     return head.to(device=device, dtype=dtype).eval()

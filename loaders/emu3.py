@@ -206,6 +206,7 @@ class Emu3Adapter(RaggedCacheAdapter):
         pad_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
         self.batch = len(conditions)
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
+        self.prompt_rows = (ids, pad_mask)  # a draft head that reads the prompt takes them
         self.cache = RaggedCache()
         hidden = self._keep(self.text(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()

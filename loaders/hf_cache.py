@@ -94,6 +94,8 @@ class RaggedCacheAdapter(ImageAdapter):
     cache: RaggedCache | None = None
     batch: int = 0
     prompt_lengths: torch.Tensor | None = None
+    #: the last prefill's token rows and padding mask ``[rows, S]`` (left-padded prompts)
+    prompt_rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def feature_size(self) -> int:

@@ -65,6 +65,8 @@ class HeadDrafts:
         rows, cols = target.layout.grid
         if s.grid and (s.grid != rows or s.grid != cols):
             problems.append(f"a {s.grid}x{s.grid} position grid, the target draws {rows}x{cols} tokens")
+        if s.prompt_inputs and not hasattr(target, "prompt_rows"):
+            problems.append("to read the prompt's tokens, which this model's adapter does not give")
         cond = getattr(target, "condition_positions", None)
         if s.condition_inputs and cond is not None and cond - 1 != s.condition_inputs:
             problems.append(f"{s.condition_inputs + 1} condition positions, the target has {cond}")
@@ -85,17 +87,25 @@ class HeadDrafts:
             raise ConfigError(f"the {self.name} has width {self.head.spec.hidden}, the target's hidden states "
                               f"have {H}")
         self.rows = R
-        self.cache = self.head.new_cache(R * B, st.length + st.max_window + 2)
+        spec = self.head.spec
+        self.cache = self.head.new_cache(R * B, st.length + st.max_window + 2, C - 1 if spec.prompt_inputs else 0)
         # target features by stream position + 1 (slot 0: the condition's last position)
         self.features = cond.new_zeros(R, B, st.length + 2 * st.max_window + 2, H)
         self.features[:, :, 0] = cond[:, :, -1]
-        n = self.head.spec.condition_inputs
-        if n:
-            if C - 1 != n:
-                raise ConfigError(f"the {self.name} reads {n + 1} condition positions, the target gave {C}")
-            filler = torch.zeros(R * B, n, dtype=torch.long, device=cond.device)
+        before = cond[:, :, :-1].reshape(R * B, C - 1, H)  # each with the token after it
+        if spec.condition_inputs:  # LlamaGen t2i heads: the caption, each feature with token 0
+            if C - 1 != spec.condition_inputs:
+                raise ConfigError(f"the {self.name} reads {spec.condition_inputs + 1} condition positions, the "
+                                  f"target gave {C}")
             with timer.model("drafter"):
-                self.head.step(filler, cond[:, :, :-1].reshape(R * B, n, H), self.cache)
+                self.head.step(torch.zeros(R * B, C - 1, dtype=torch.long, device=cond.device), before, self.cache)
+        elif spec.prompt_inputs and C > 1:  # the prompt, each feature with the next token; padding masked
+            # (a row's rotary positions then start later by its padding, which rotary attention
+            # cannot tell: it sees only differences of positions)
+            ids, mask = self.target.prompt_rows
+            self.cache.key_ok[:, :C - 1] = mask[:, 1:].bool()
+            with timer.model("drafter"):
+                self.head.step(ids[:, 1:], before, self.cache)
         self.real = [0] * B  # image inputs in the head's cache whose features were the target's
         self.spec_len = [0] * B  # speculative inputs after them
 

@@ -284,3 +284,36 @@ def write_hf_llamagen(folder: pathlib.Path, gpt: LlamaGenGPT, grid: int) -> path
         "cls_token_num": s.cond_tokens, "input_type": s.kind, "caption_dim": s.caption_dim, "rope_base": 10000,
         "class_dropout_p": 0.1, "token_dropout_p": 0.1, "resid_dropout_p": 0.1, "ffn_dropout_p": 0.1})
     return folder
+
+
+def write_lantern_anole_head(folder: pathlib.Path, hidden=32, heads=4, kv_heads=2, intermediate=64, vocab=100,
+                             seed=0) -> pathlib.Path:
+    """LANTERN's ``anole_drafter`` layout: Anole's Chameleon config with one layer, and a
+    ``pytorch_model.bin`` with the authors' key names (an input norm in layer 0, q/k
+    LayerNorms with a weight and bias per head, fc with bias)."""
+    g = torch.Generator().manual_seed(seed)
+    hd = hidden // heads
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "config.json", {
+        "architectures": ["ChameleonForConditionalGeneration"], "attention_bias": False, "attention_dropout": 0.0,
+        "boi_token_id": 8197, "bos_token_id": 1, "eoi_token_id": 8196, "eos_token_id": 2, "hidden_act": "silu",
+        "hidden_size": hidden, "image_token_id": 8711, "intermediate_size": intermediate,
+        "max_position_embeddings": 4096, "mlp_bias": False, "model_parallel_size": 1, "model_type": "chameleon",
+        "num_attention_heads": heads, "num_hidden_layers": 1, "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-05,
+        "rope_scaling": None, "rope_theta": 10000.0, "swin_norm": False, "tie_word_embeddings": False,
+        "vocab_size": vocab, "vq_config": {"ch": 128, "ch_mult": [1, 1, 2, 2, 4], "model_type": "chameleon_vqgan"}})
+
+    def w(*shape, scale=0.2):
+        return torch.randn(*shape, generator=g) * scale
+
+    p = "layers.0."
+    sd = {"embed_tokens.weight": w(vocab, hidden, scale=1.0), "fc.weight": w(hidden, 2 * hidden), "fc.bias": w(hidden),
+          p + "input_layernorm.weight": 1 + w(hidden), p + "post_attention_layernorm.weight": 1 + w(hidden),
+          p + "self_attn.q_proj.weight": w(heads * hd, hidden), p + "self_attn.k_proj.weight": w(kv_heads * hd, hidden),
+          p + "self_attn.v_proj.weight": w(kv_heads * hd, hidden), p + "self_attn.o_proj.weight": w(hidden, hidden),
+          p + "self_attn.q_norm.weight": 1 + w(heads, hd), p + "self_attn.q_norm.bias": w(heads, hd),
+          p + "self_attn.k_norm.weight": 1 + w(kv_heads, hd), p + "self_attn.k_norm.bias": w(kv_heads, hd),
+          p + "mlp.gate_proj.weight": w(intermediate, hidden), p + "mlp.up_proj.weight": w(intermediate, hidden),
+          p + "mlp.down_proj.weight": w(hidden, intermediate)}
+    torch.save(sd, folder / "pytorch_model.bin")
+    return folder

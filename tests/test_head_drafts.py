@@ -151,3 +151,51 @@ def test_a_drafter_pickle_that_would_run_code_is_refused(t2i):
 
 class Payload:
     """Any class outside the weights-only allowlist."""
+
+
+# -- LANTERN's Anole drafter ----------------------------------------------------------------
+def test_lanterns_anole_drafter_format_loads_and_drafts_for_anole(tmp_path):
+    from spec_ar.loaders.detect import load_model
+
+    from .chameleon_files import write_chameleon
+    from .checkpoints import write_lantern_anole_head
+
+    model = load_model(write_chameleon(tmp_path / "Anole-7b-hf", "anole", seed=1))
+    ad = model.adapter
+    folder = write_lantern_anole_head(tmp_path / "anole_drafter", hidden=32, heads=4, kv_heads=2, vocab=ad.vocab_size)
+    assert draft_head.is_draft_head(folder) and not draft_head.is_draft_head(tmp_path / "Anole-7b-hf")
+    source = load_drafter(folder, model)
+    spec = source.head.spec
+    assert spec.prompt_inputs and spec.qk_norm and spec.first_norm and spec.grid is None
+    dec = SpeculativeDecoder(ad, DecodeConfig(mode="sjd", depth=3), drafter=source)
+    result = dec.generate(["a fox", "a red panda eating bamboo"], seeds=[2, 3])
+    assert all(r.drafter == source.name and r.nfe < r.tokens for r in result.reports)
+    # prompts of other lengths are left-padded: the padding is masked and skipped in the head's positions
+    alone = dec.generate(["a fox"], seeds=[2])
+    assert torch.equal(alone.tokens[0], result.tokens[0])
+
+
+def test_chameleons_half_split_rotary_reordered_gives_the_same_attention_scores():
+    # Chameleon rotates (x_i, x_{i+d/2}); the head rotates neighbours after its q/k rows
+    # (and per-head norms) are reordered at load: every q.k score must be the same
+    spec = draft_head.HeadSpec(hidden=16, heads=2, kv_heads=2, intermediate=8, layers=1, vocab=4, qk_norm=True)
+    d = spec.head_dim
+    torch.manual_seed(0)
+    wq, wk = torch.randn(16, 16), torch.randn(16, 16)
+    x, pos = torch.randn(5, 16), torch.arange(5).double()
+    freqs = 1.0 / 10000 ** (torch.arange(d // 2, dtype=torch.float64) * 2 / d)
+    ang = torch.outer(pos, freqs)
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1).float(), torch.cat([ang.sin(), ang.sin()], -1).float()
+
+    def half(t):  # transformers' rotate_half form, per head
+        t = t.view(5, 2, d)
+        rot = torch.cat([-t[..., d // 2:], t[..., : d // 2]], -1)
+        return t * cos[:, None] + rot * sin[:, None]
+
+    expected = torch.einsum("ihd,jhd->hij", half(x @ wq.T), half(x @ wk.T))
+    sd = draft_head._interleave_rotary({"layers.0.self_attn.q_proj.weight": wq, "layers.0.self_attn.k_proj.weight": wk},
+                                       spec)
+    rope = torch.stack([ang.cos(), ang.sin()], -1).float().unsqueeze(0)
+    q = llamagen.apply_rope((x @ sd["layers.0.self_attn.q_proj.weight"].T).view(1, 5, 2, d), rope)[0]
+    k = llamagen.apply_rope((x @ sd["layers.0.self_attn.k_proj.weight"].T).view(1, 5, 2, d), rope)[0]
+    torch.testing.assert_close(torch.einsum("ihd,jhd->hij", q, k), expected, rtol=1e-4, atol=1e-4)
