@@ -218,8 +218,46 @@ class DraftHead(nn.Module):
         cache.advance([L] * len(cache.host_length))
         return out
 
+    def unrolled(self, tokens, features, rope, passes: int) -> list[torch.Tensor]:
+        """Teacher-forced outputs ``[N, T, H]`` of ``passes`` chained passes over a
+        whole sequence (training).  Pass 1 reads the true features; pass ``k`` reads
+        pass ``k - 1``'s output one position back, as the ``k``-th draft of a chain
+        does, and sees what that draft sees: the true inputs up to ``s - k + 1`` and
+        the chained ones after them (pass ``j``'s input at ``s - k + j``)."""
+        N, T = tokens.shape
+        device = tokens.device
+        s_idx = torch.arange(T, device=device).unsqueeze(1)
+        t_idx = torch.arange(T, device=device).unsqueeze(0)
+        memory = _PassMemory(len(self.layers))
+        outs, feats = [], features
+        for k in range(1, passes + 1):
+            blocks = [t_idx <= s_idx - k + 1] + [t_idx == s_idx - k + j for j in range(2, k + 1)]
+            out = self(tokens, feats, rope, memory, torch.cat(blocks, 1))  # mask [T, k * T]
+            memory.next_pass()
+            outs.append(out)
+            feats = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], 1)  # g_{s-1} for the input at s
+        return outs
+
     def describe(self) -> dict:
         return {"name": self.name, **asdict(self.spec)}
+
+
+class _PassMemory:
+    """Keys and values of the earlier passes of :meth:`DraftHead.unrolled`, per layer."""
+
+    def __init__(self, layers: int):
+        self.past = [[] for _ in range(layers)]
+        self.current = [None] * layers
+
+    def write(self, layer: int, k, v):
+        self.current[layer] = (k, v)
+        keys = [kv[0] for kv in self.past[layer]] + [k]
+        values = [kv[1] for kv in self.past[layer]] + [v]
+        return torch.cat(keys, 2), torch.cat(values, 2)
+
+    def next_pass(self):
+        for layer, kv in enumerate(self.current):
+            self.past[layer].append(kv)
 
 
 def is_draft_head(path) -> bool:

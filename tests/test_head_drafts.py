@@ -199,3 +199,26 @@ def test_chameleons_half_split_rotary_reordered_gives_the_same_attention_scores(
     q = llamagen.apply_rope((x @ sd["layers.0.self_attn.q_proj.weight"].T).view(1, 5, 2, d), rope)[0]
     k = llamagen.apply_rope((x @ sd["layers.0.self_attn.k_proj.weight"].T).view(1, 5, 2, d), rope)[0]
     torch.testing.assert_close(torch.einsum("ihd,jhd->hij", q, k), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_unrolled_training_passes_equal_the_chains_drafting_runs():
+    # pass k at position s must be what the k-th draft of a chain computes when the true
+    # inputs end at s - k + 1: the training sees exactly the drafting's inputs and context
+    head = draft_head.DraftHead(draft_head.HeadSpec(hidden=16, heads=2, kv_heads=2, intermediate=32, layers=2,
+                                                    vocab=7))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    T = 9
+    tokens, feats = torch.randint(0, 7, (1, T)), torch.randn(1, T, 16)
+    rope = head.rope_table(T)
+    passes = head.unrolled(tokens, feats, rope[:T].unsqueeze(0), 3)
+    for last_true in (0, 3, 5):  # true inputs 0..last_true, then chained ones
+        cache = head.new_cache(1, T)
+        g = head.step(tokens[:, : last_true + 1], feats[:, : last_true + 1], cache)[:, -1:]
+        torch.testing.assert_close(g[0, 0], passes[0][0, last_true])
+        for k in (2, 3):
+            s = last_true + k - 1
+            g = head.step(tokens[:, s: s + 1], g, cache)
+            torch.testing.assert_close(g[0, 0], passes[k - 1][0, s], rtol=1e-4, atol=1e-5)

@@ -40,7 +40,8 @@ def test_a_head_trained_for_any_family_drafts_for_it(models, family, tmp_path):
     assert main(args + QUICK) == 0
     config = json.loads((out / "config.json").read_text())
     training = config["spec_ar_drafter"]["training"]
-    assert training["images"] == 4 and training["steps"] == 3 and 0 < training["held_out_first_draft_acceptance"] <= 1
+    kept = training["held_out_acceptance_by_depth"]
+    assert training["images"] == 4 and training["steps"] == 3 and len(kept) == 3 and all(0 < a <= 1 for a in kept)
     model = load_model(path, resolution=resolution)
     source = load_drafter(out, model)
     assert isinstance(source, HeadDrafts) and source.head.spec.layers == 1

@@ -14,9 +14,13 @@
    plus 0.1 x the cross-entropy of the target's output head on the predicted
    feature against its distribution on the true one, per guidance branch; plus
    ``--cfg-loss`` x the same on the guidance-mixed distributions, which is what
-   drafts are judged on.  Input features get LANTERN's uniform noise.
+   drafts are judged on.  Input features get LANTERN's uniform noise.  With
+   ``--passes k`` (as EAGLE-3's training-time test) the head is also run as the
+   2nd .. k-th draft of a chain, on its own earlier outputs, with exactly the
+   context drafting gives it (``DraftHead.unrolled``), and those passes' losses
+   are added (weights 0.8, 0.64, ...): LANTERN trains the first step only.
 4. **Out**: ``DIR/config.json`` and ``DIR/model.safetensors`` (``--drafter DIR``
-   loads it), with the held-out acceptance of a first draft in ``config.json``.
+   loads it), with the held-out acceptance per chain depth in ``config.json``.
 
 Resumable: rerunning the same command skips the shards already made and goes on
 from the last saved training step (``--work/train_state.pt``).
@@ -107,53 +111,70 @@ def head_for(model, layers: int) -> DraftHead:
     return head
 
 
-def sequence_loss(head, adapter, tokens, feats, rope, cfg: float, cfg_weight: float, noise: float):
-    """Teacher-forced losses of a batch: ``tokens`` ``[N, T]``, ``feats`` ``[N, R, T + 1, H]``."""
+def _mixed(logits, cfg: float):
+    """Guidance-mixed logits of ``[R, ...]`` branch logits (linear, as the family's
+    default scale), or the one branch."""
+    return logits[1] + cfg * (logits[0] - logits[1]) if logits.shape[0] >= 2 else logits[0]
+
+
+def _passes(head, tokens, feats, rope, passes: int, noise: float = 0.0):
+    """``(outputs per pass [N*R, T, H], true next features)`` of a batch: ``tokens``
+    ``[N, T]``, ``feats`` ``[N, R, T + 1, H]``."""
     N, R, S, H = feats.shape
     T = S - 1
     x = feats[:, :, :T].reshape(N * R, T, H).float()
-    target = feats[:, :, 1:].reshape(N * R, T, H).float()
-    if noise:
+    if noise:  # LANTERN's: uniform, scaled by the sequence length
         x = x + (torch.rand_like(x) - 0.5) * noise * 512 / S
-    mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-    pred = head(tokens.repeat_interleave(R, 0), x, rope[:T].expand(N * R, -1, -1, -1), WholeSequence(), mask)
-    vloss = F.smooth_l1_loss(pred, target, reduction="none").mean(-1).mean()
-    lp = adapter.logits_from_features(pred.view(N, R, T, H).transpose(0, 1))  # [R, N, T, V]
+    outs = head.unrolled(tokens.repeat_interleave(R, 0), x, rope[:T].expand(N * R, -1, -1, -1), passes)
+    return outs, feats[:, :, 1:].reshape(N * R, T, H).float()
+
+
+def _logits(adapter, h, N: int, R: int):
+    """Output-head logits ``[R, N, T, V]`` of features ``[N * R, T, H]``."""
+    return adapter.logits_from_features(h.view(N, R, *h.shape[1:]).transpose(0, 1))
+
+
+def sequence_loss(head, adapter, tokens, feats, rope, cfg: float, cfg_weight: float, noise: float, passes: int):
+    """Teacher-forced losses of a batch, summed over the chained passes (pass ``k``
+    weighted ``0.8 ** (k - 1)``, on the positions it exists for)."""
+    N, R = feats.shape[:2]
+    outs, target = _passes(head, tokens, feats, rope, passes, noise)
     with torch.no_grad():
-        lt = adapter.logits_from_features(target.view(N, R, T, H).transpose(0, 1))
-    ploss = -(torch.softmax(lt, -1) * torch.log_softmax(lp, -1)).sum(-1).mean()
-    loss = vloss + 0.1 * ploss
-    closs = torch.zeros(())
-    if cfg_weight and R >= 2:
-        mix_p, mix_t = lp[1] + cfg * (lp[0] - lp[1]), lt[1] + cfg * (lt[0] - lt[1])
-        closs = -(torch.softmax(mix_t, -1) * torch.log_softmax(mix_p, -1)).sum(-1).mean()
-        loss = loss + cfg_weight * closs
-    return loss, {"feature": vloss.item(), "token": ploss.item(), "guided": closs.item()}
+        lt = _logits(adapter, target, N, R)
+        pt, pt_mix = torch.softmax(lt, -1), torch.softmax(_mixed(lt, cfg), -1)
+    loss, parts = 0.0, {}
+    for k, pred in enumerate(outs, 1):
+        s = slice(k - 1, None)
+        vloss = F.smooth_l1_loss(pred[:, s], target[:, s], reduction="none").mean()
+        lp = _logits(adapter, pred, N, R)
+        ploss = -(pt[:, :, s] * torch.log_softmax(lp[:, :, s], -1)).sum(-1).mean()
+        closs = (-(pt_mix[:, s] * torch.log_softmax(_mixed(lp, cfg)[:, s], -1)).sum(-1).mean()
+                 if cfg_weight and R >= 2 else torch.zeros(()))
+        loss = loss + 0.8 ** (k - 1) * (vloss + 0.1 * ploss + cfg_weight * closs)
+        parts[k] = {"feature": round(vloss.item(), 4), "token": round(ploss.item(), 4),
+                    "guided": round(closs.item(), 4)}
+    return loss, parts
 
 
 @torch.no_grad()
-def first_draft_acceptance(head, adapter, tokens, feats, rope, cfg: float) -> float:
-    """Mean ``sum(min(p, q))`` of a first draft (teacher-forced, guidance-mixed, no
-    top-k): the share of first drafts exact acceptance keeps."""
+def draft_acceptance(head, adapter, tokens, feats, rope, cfg: float, passes: int) -> list[float]:
+    """Per chain depth, mean ``sum(min(p, q))`` (teacher-forced, guidance-mixed, no
+    top-k): the share of drafts at that depth that exact acceptance keeps, given the
+    drafts before them stood."""
     head.eval()
-    N, R, S, H = feats.shape
-    T = S - 1
-    mask = torch.ones(T, T, dtype=torch.bool, device=feats.device).tril()
-    x = feats[:, :, :T].reshape(N * R, T, H).float()
-    pred = head(tokens.repeat_interleave(R, 0), x, rope[:T].expand(N * R, -1, -1, -1), WholeSequence(), mask)
-    lp = adapter.logits_from_features(pred.view(N, R, T, H).transpose(0, 1))
-    lt = adapter.logits_from_features(feats[:, :, 1:].float().transpose(0, 1))
-    if R >= 2:
-        lp, lt = lp[1] + cfg * (lp[0] - lp[1]), lt[1] + cfg * (lt[0] - lt[1])
-    else:
-        lp, lt = lp[0], lt[0]
-    keep = torch.minimum(torch.softmax(lp, -1), torch.softmax(lt, -1)).sum(-1)
+    N, R = feats.shape[:2]
+    outs, target = _passes(head, tokens, feats, rope, passes)
+    p = torch.softmax(_mixed(_logits(adapter, target, N, R), cfg), -1)
+    out = []
+    for k, pred in enumerate(outs, 1):
+        q = torch.softmax(_mixed(_logits(adapter, pred, N, R), cfg), -1)
+        out.append(torch.minimum(p, q).sum(-1)[:, k - 1:-1].mean().item())  # the last slot predicts past the image
     head.train()
-    return keep[:, :-1].mean().item()  # the last slot predicts past the image
+    return out
 
 
 def train(head, adapter, tokens, feats, steps: int, batch: int, lr: float, cfg: float, cfg_weight: float,
-          noise: float, work: pathlib.Path, seed: int = 0, save_every: int = 200, log=print) -> dict:
+          noise: float, passes: int, work: pathlib.Path, seed: int = 0, save_every: int = 200, log=print) -> dict:
     """AdamW (LANTERN's betas, gradients clipped by value 0.5), warmup then cosine;
     resumes from ``work/train_state.pt``."""
     device = next(head.parameters()).device
@@ -180,7 +201,7 @@ def train(head, adapter, tokens, feats, steps: int, batch: int, lr: float, cfg: 
             g["lr"] = lr * min((step + 1) / warmup, 0.5 * (1 + math.cos(math.pi * step / steps)))
         pick = fit[torch.randint(0, len(fit), (batch,), generator=gen)]
         loss, parts = sequence_loss(head, adapter, tokens[pick].to(device), feats[pick].to(device), rope, cfg,
-                                    cfg_weight, noise)
+                                    cfg_weight, noise, passes)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_value_(params, 0.5)
@@ -191,11 +212,10 @@ def train(head, adapter, tokens, feats, steps: int, batch: int, lr: float, cfg: 
             tmp = state_path.with_suffix(".partial")
             torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step + 1}, tmp)
             tmp.replace(state_path)
-    held_out = [first_draft_acceptance(head, adapter, tokens[i:i + batch].to(device),
-                                       feats[i:i + batch].to(device), rope, cfg)
-                for i in test.split(batch)]
+    held_out = torch.tensor([draft_acceptance(head, adapter, tokens[i].to(device), feats[i].to(device), rope, cfg,
+                                              passes) for i in test.split(batch)]).mean(0)
     return {"steps": steps, "final_losses": parts,
-            "held_out_first_draft_acceptance": round(sum(held_out) / len(held_out), 4)}
+            "held_out_acceptance_by_depth": [round(a, 4) for a in held_out.tolist()]}
 
 
 def _progress(iterable, desc: str, unit: str, **kw):
@@ -238,19 +258,20 @@ def run(args, log=print) -> dict:
     cfg = DecodeConfig().with_defaults(getattr(ad, "sampling_defaults", {})).cfg_scale
     t1 = time.perf_counter()
     stats = train(head, ad, tokens, feats, args.steps, args.batch, args.lr,
-                  cfg, args.cfg_loss, args.noise, work, args.seed, log=log)
+                  cfg, args.cfg_loss, args.noise, args.passes, work, args.seed, log=log)
     stats.update(images=len(tokens), prompts=len(prompts), sample_mode=args.sample_mode,
                  data_minutes=round(minutes_data, 2), train_minutes=round((time.perf_counter() - t1) / 60, 2),
-                 cfg_scale=cfg, cfg_loss=args.cfg_loss, noise=args.noise, lr=args.lr, batch=args.batch)
+                 cfg_scale=cfg, cfg_loss=args.cfg_loss, noise=args.noise, lr=args.lr, batch=args.batch,
+                 passes=args.passes, layers=args.layers)
     info = {"name": args.name or f"draft head for {model.name}",
             "target": {"name": model.name, "family": model.family, "vocab_size": ad.vocab_size,
                        "hidden_size": ad.feature_size, "grid": list(ad.layout.grid)},
             "training": stats}
     head = head.to(torch.float16 if args.half else torch.float32)
     save_head(head, out, info)
-    log(f"wrote {out}/config.json and model.safetensors: first drafts kept "
-        f"{stats['held_out_first_draft_acceptance']:.1%} (held out); data {stats['data_minutes']} min, "
-        f"training {stats['train_minutes']} min")
+    kept = ", ".join(f"{a:.0%}" for a in stats["held_out_acceptance_by_depth"])
+    log(f"wrote {out}/config.json and model.safetensors: drafts kept by chain depth {kept} (held out); data "
+        f"{stats['data_minutes']} min, training {stats['train_minutes']} min")
     return info
 
 
@@ -274,11 +295,13 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--cfg-loss", type=float, default=0.1, help="weight of the guidance-mixed token loss")
     ap.add_argument("--noise", type=float, default=0.2, help="LANTERN's uniform feature noise (0: none)")
+    ap.add_argument("--passes", type=int, default=3, help="chained passes trained at once (1: EAGLE's "
+                                                          "teacher-forced step only; k: also drafts k deep)")
     ap.add_argument("--half", action="store_true", help="write float16 weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda if available)")
     args = ap.parse_args(argv)
-    for name in ("images", "data_batch", "layers", "steps", "batch"):
+    for name in ("images", "data_batch", "layers", "steps", "batch", "passes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     run(args)
