@@ -38,7 +38,6 @@ import torch.nn.functional as F
 
 from ..formats.checkpoints import CheckpointError, load_file
 from ..loaders.draft_head import DraftHead, HeadSpec, save_head
-from ..loaders.llamagen import WholeSequence
 from ..prompt_files import read_prompts
 from ..sampling import ConfigError, DecodeConfig, ImageAdapter, SpeculativeDecoder
 
