@@ -31,7 +31,8 @@ LAYERS = [
     {"decoders"},  # VQ decoders
     {"embedded.model"},  # the shipped model's definition
     {"loaders"},  # model families -> engine adapters
-    {"embedded", "training"},  # training, demo, evaluation and judge of the shipped model; drafter training
+    {"embedded"},  # training, demo, evaluation and judge of the shipped model
+    {"training"},  # draft heads for any model (the embedded one's prompts come from its world)
     {"bench", "benchmarks"},
     {"workflows"},  # ComfyUI's workflow formats
     {"nodes"},  # ComfyUI nodes

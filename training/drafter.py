@@ -1,6 +1,7 @@
 """Train a draft head for any model the pack loads (self-distilled, as LANTERN does).
 
     spec-ar train-drafter --model M [--vq V --text-encoder T] --prompts FILE --out DIR
+    spec-ar train-drafter --model embedded --out DIR    # captions of its own world
 
 1. **Data**: the target draws its own images for the prompts (``--sample-mode``,
    lossless: ``ar`` or ``sjd``; seeds 0, 1, ...), then reads each one again in a
@@ -40,6 +41,9 @@ from ..formats.checkpoints import CheckpointError, load_file
 from ..loaders.draft_head import DraftHead, HeadSpec, save_head
 from ..prompt_files import read_prompts
 from ..sampling import ConfigError, DecodeConfig, ImageAdapter, SpeculativeDecoder
+
+#: the embedded model's training prompts: scenes other than the quality probe's (seed 12345)
+EMBEDDED_PROMPT_SEED = 2025
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -232,7 +236,15 @@ def run(args, log=print) -> dict:
 
     device = resolve_device(args.device)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    prompts = read_prompts(args.prompts, f"--prompts {args.prompts}")
+    if args.prompts:
+        prompts = read_prompts(args.prompts, f"--prompts {args.prompts}")
+    elif detect(args.model).family == "embedded":  # captions of random scenes of its world
+        from ..embedded.quality import scenes_and_prompts
+
+        prompts = scenes_and_prompts(args.images, EMBEDDED_PROMPT_SEED)[1]
+    else:
+        raise ConfigError("--prompts is needed (a UTF-8 file, one prompt or class id per line) for any model but "
+                          "the embedded one")
     if detect(args.model).condition == "class":
         bad = [p for p in prompts if not p.isdigit()]
         if bad:
@@ -281,7 +293,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vq", help="VQ tokenizer file, where the family keeps it apart (LlamaGen)")
     ap.add_argument("--text-encoder", help="T5 folder for LlamaGen t2i")
     ap.add_argument("--resolution", type=int)
-    ap.add_argument("--prompts", required=True, help="UTF-8 text file, one prompt (or class id) per line")
+    ap.add_argument("--prompts", help="UTF-8 text file, one prompt (or class id) per line (the embedded model: "
+                                      "captions of random scenes of its world when left out)")
     ap.add_argument("--out", required=True, help="folder to write the head to")
     ap.add_argument("--work", help="folder for the data shards and the training state (default: OUT.work)")
     ap.add_argument("--name", help="the head's name in reports")

@@ -26,6 +26,7 @@ from spec_ar.workflows.format import WIDGET_TYPES
 HERE = pathlib.Path(__file__).resolve().parent
 PROMPT = "a red circle in the top left on a striped blue background"
 EMBEDDED = "embedded (ships with the pack)"
+EMBEDDED_DRAFTER = "embedded drafter (ships with the pack)"
 MODES = ["ar", "sjd", "gsd", "lantern", "vvs"]
 
 
@@ -42,6 +43,15 @@ def _t2i(model: dict, mode: str, prompt: str, **sampler) -> dict:
         "accept": ("PreviewImage", {"images": L("sampler", 5)}),
         "report": ("PreviewAny", {"source": L("sampler", 1)}),
     }
+
+
+def _drafted(model: dict, drafter: str, mode: str, prompt: str, **sampler) -> dict:
+    """:func:`_t2i` with a Load Drafter feeding the sampler's drafter input."""
+    graph = _t2i(model, mode, prompt, **sampler)
+    graph = {"model": graph.pop("model"), "drafter": ("SpecAR_LoadDrafter", {"drafter": drafter, "model": L("model")}),
+             **graph}
+    graph["sampler"][1]["drafter"] = L("drafter")
+    return graph
 
 
 #: the comparison's groups: one per mode, around its sampler and its images
@@ -72,6 +82,16 @@ def graphs() -> dict[str, tuple[dict, list]]:
         "save": ("SaveImage", {"images": L("sampler"), "filename_prefix": "spec_ar_list"}),
         "table": ("SpecAR_ReportTable", {"reports": L("sampler", 6)}),
     }, [])
+    # the embedded model on its draft head: SJD (lossless) and LANTERN side by side
+    drafted = {"model": ("SpecAR_LoadModel", {"model": EMBEDDED}),
+               "drafter": ("SpecAR_LoadDrafter", {"drafter": EMBEDDED_DRAFTER, "model": L("model")})}
+    for i, mode in enumerate(("sjd", "lantern")):
+        drafted[mode] = ("SpecAR_Sampler", {"model": L("model"), "prompt": PROMPT, "mode": mode,
+                                            "drafter": L("drafter")}, {"column": 2 + i})
+        drafted[f"{mode}_images"] = ("PreviewImage", {"images": L(mode)}, {"column": 2 + i})
+    drafted["table"] = ("SpecAR_ReportTable", {"reports": L("sjd", 6), "reports_2": L("lantern", 6)}, {"column": 4})
+    out["embedded_t2i_drafter"] = (drafted, [("SJD on the draft head (lossless)", ["sjd", "sjd_images"]),
+                                             ("LANTERN on the draft head", ["lantern", "lantern_images"])])
     # the real families: put the weights in models/spec_ar under these names
     family = {
         "llamagen_c2i": _t2i({"model": "llamagen/c2i_XL_384.pt", "vq": "llamagen/vq_ds16_c2i.pt"}, "lantern",
@@ -82,8 +102,14 @@ def graphs() -> dict[str, tuple[dict, list]]:
         "janus_pro": _t2i({"model": "Janus-Pro-7B"}, "gsd", "a watercolor lighthouse on a cliff at dawn", G=10),
         "lumina_mgpt": _t2i({"model": "Lumina-mGPT-7B-768"}, "sjd",
                             "a majestic snow leopard resting on a rocky ledge, misty mountains behind", window=16),
+        "llamagen_t2i_drafter": _drafted({"model": "llamagen/t2i_XL_stage1_256.pt", "vq": "llamagen/vq_ds16_t2i.pt",
+                                          "text_encoder": "flan-t5-xl"}, "lantern/llamagen_drafter", "lantern",
+                                         "a photo of a red fox sitting in fresh snow, golden hour",
+                                         resolution="256", k=1000, lantern_delta=0.1),
         "anole": _t2i({"model": "Anole-7b-hf"}, "lantern", "a red panda eating bamboo in a misty forest",
                       k=1000, lantern_delta=0.1),
+        "anole_drafter": _drafted({"model": "Anole-7b-hf"}, "lantern/anole_drafter", "lantern",
+                                  "a red panda eating bamboo in a misty forest", k=1000, lantern_delta=0.1),
         "emu3": _t2i({"model": "Emu3-Gen-hf"}, "gsd", "a bowl of ramen with a soft-boiled egg, studio lighting",
                      negative_prompt="lowres, blurry, text, watermark", G=10),
     }

@@ -20,12 +20,19 @@ CATALOG: dict[str, tuple[str, str]] = {
     "embedded_t2i_lantern": ("Speculative AR demo, LANTERN latent neighbours", EMBEDDED_NEEDS),
     "embedded_t2i_vvs": ("Speculative AR demo, VVS skipped verifications", EMBEDDED_NEEDS),
     "embedded_prompt_list": ("Speculative AR demo, a prompt list in one run", EMBEDDED_NEEDS),
+    "embedded_t2i_drafter": ("Speculative AR demo, SJD and LANTERN on a trained draft head",
+                             "nothing (the embedded model and its draft head ship with the pack)"),
     "llamagen_c2i": ("LlamaGen c2i XL 384 with LANTERN", "llamagen/c2i_XL_384.pt, llamagen/vq_ds16_c2i.pt"),
     "llamagen_t2i": ("LlamaGen t2i XL 512 with VVS",
                      "llamagen/t2i_XL_stage2_512.pt, llamagen/vq_ds16_t2i.pt, flan-t5-xl/"),
     "janus_pro": ("Janus Pro 7B with GSD", "Janus-Pro-7B/ (as deepseek-ai ships it, or converted)"),
     "lumina_mgpt": ("Lumina mGPT 7B 768 with SJD", "Lumina-mGPT-7B-768/ (with tokenizer/vqgan.yaml and vqgan.ckpt)"),
+    "llamagen_t2i_drafter": ("LlamaGen t2i XL 256 with LANTERN on its drafter",
+                             "llamagen/t2i_XL_stage1_256.pt, llamagen/vq_ds16_t2i.pt, flan-t5-xl/, "
+                             "lantern/llamagen_drafter/ (jadohu/llamagen_drafter)"),
     "anole": ("Anole 7B with LANTERN", "Anole-7b-hf/ (transformers folder, VQGAN included)"),
+    "anole_drafter": ("Anole 7B with LANTERN on its drafter",
+                      "Anole-7b-hf/, lantern/anole_drafter/ (jadohu/anole_drafter)"),
     "emu3": ("Emu3 Gen with GSD", "Emu3-Gen-hf/ (transformers folder, VQ-VAE included)"),
 }
 
