@@ -178,7 +178,7 @@ class SpeculativeARSampler(io.ComfyNode):
         bar.update_absolute(layout.length, layout.length, ("JPEG", common.image_preview(images[0]), 512))
         reports = result.reports
         first = reports[0]
-        label = config.label()
+        label = config.label() if drafter is None else decoder.config.label()  # "sjd depth=4"
         rows = [common.report_row(r, label, str(condition)) for r in reports]
         text = "\n".join(r.summary() for r in reports[:1])
         text += (f"\npreviews: {throttle.count} in {throttle.spent * 1000:.0f} ms "

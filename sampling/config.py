@@ -244,7 +244,7 @@ class DecodeConfig:
             if k.name in SAMPLING_FIELDS or not k.used_by(self):
                 continue
             value = getattr(self, k.name)
-            defining = k.uses[0] in ("grouped", "latent", "uniform", "similarity") and k.widget is not None
+            defining = k.uses[0] in ("grouped", "latent", "uniform", "similarity", "drafter") and k.widget is not None
             if value != getattr(base, k.name) or defining:
                 parts.append(f"{k.symbol}={value:g}" if isinstance(value, float) else f"{k.symbol}={value}")
         return " ".join(parts)

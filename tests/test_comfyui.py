@@ -19,8 +19,8 @@ from spec_ar.workflows.catalog import CATALOG, title
 from .comfyui_server import ComfyServer, error_of, locate, ui_to_api
 
 WORKFLOWS = pathlib.Path(__file__).resolve().parent.parent / "workflows"
-NODES = ["SpecAR_LoadModel", "SpecAR_LoadVQ", "SpecAR_Sampler", "SpecAR_VQDecode", "SpecAR_PromptList",
-         "SpecAR_ReportTable", "SpecAR_ReportPlot"]
+NODES = ["SpecAR_LoadModel", "SpecAR_LoadVQ", "SpecAR_LoadDrafter", "SpecAR_Sampler", "SpecAR_VQDecode",
+         "SpecAR_PromptList", "SpecAR_ReportTable", "SpecAR_ReportPlot"]
 
 pytestmark = pytest.mark.skipif(isinstance(locate(), str), reason=str(locate()))
 
@@ -39,6 +39,13 @@ def _family_weights(models: pathlib.Path) -> None:
     write_lumina(models / "Lumina-mGPT-7B-768")  # Lumina's own layout, tokenizer/vqgan.* inside as users set it up
     write_chameleon(models / "Anole-7b-hf", "anole", seed=1)
     write_emu3(models / "Emu3-Gen-hf")
+    # LANTERN's drafters as released, for the drafter workflows, and the target stage I pairs with
+    ck.write_gpt(models / "llamagen" / "t2i_XL_stage1_256.pt", ck.random_gpt(ck.tiny_gpt_spec("t2i", cond_tokens=120)))
+    ck.write_lantern_head(models / "lantern" / "llamagen_drafter", hidden=128, heads=2, vocab=1024)
+    anole = json.loads((models / "Anole-7b-hf" / "config.json").read_text())
+    ck.write_lantern_anole_head(models / "lantern" / "anole_drafter", hidden=anole["hidden_size"],
+                                heads=anole["num_attention_heads"], kv_heads=anole["num_key_value_heads"],
+                                intermediate=anole["intermediate_size"], vocab=anole["vocab_size"])
     # a model whose float16 logits overflow (its output layer scaled past float16's range)
     (models / "broken").mkdir()
     gpt = ck.random_gpt(ck.tiny_gpt_spec("c2i", classes=1000))
@@ -181,13 +188,27 @@ def test_mode_comparison_graph_tabulates_and_plots(server):
     assert "1.00x" in table  # ar against itself
 
 
-@pytest.mark.parametrize("name", ["llamagen_c2i", "llamagen_t2i", "janus_pro", "lumina_mgpt", "anole", "emu3"])
+def test_the_embedded_model_drafts_with_its_head_from_the_node(server):
+    entry = server.run(_api("embedded_t2i_drafter"))
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    report = "".join(_outputs(entry, "text"))
+    assert report.count("drafts from draft head for embedded") >= 2, report  # both samplers, in the table too
+    for label in ("| sjd depth=", "| lantern depth="):
+        assert label in report, report
+    # the head on an ar sampler: one clear error naming the input
+    workflow = _with("embedded_t2i_drafter", "SpecAR_Sampler", mode="ar")
+    err = error_of(server.run(workflow)) or {}
+    assert "drafter: a draft model drafts for the speculative modes, not mode 'ar'" in err.get("exception_message", "")
+
+
+@pytest.mark.parametrize("name", ["llamagen_c2i", "llamagen_t2i", "janus_pro", "lumina_mgpt", "anole", "emu3",
+                                  "llamagen_t2i_drafter", "anole_drafter"])
 def test_family_workflows_run_once_weights_are_in_the_model_folder(server, name):
     workflow = _api(name)
     sampler = next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")
     if name in ("lumina_mgpt", "emu3"):  # the tiny test models at a smaller size than the reference's
         sampler["inputs"]["resolution"] = "256"
-    if name == "anole":  # the paper's k = 1000 needs the real 8192-code VQGAN; the tiny one has 64 codes
+    if name.startswith("anole"):  # the paper's k = 1000 needs the real 8192-code VQGAN; the tiny one has 64 codes
         sampler["inputs"]["k"] = 32
     entry = server.run(workflow)
     assert entry["status"]["status_str"] == "success", _failure(entry)
