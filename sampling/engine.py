@@ -304,10 +304,6 @@ class SpeculativeDecoder:
 
         # row `passed` gets the new token: the bonus draw from p when every draft
         # stood, else a draw from the rule's residual (with the same uniform)
-        samples = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
-        bad = st.buffer("cumsum", L)[..., -1].isnan() & (target < T)  # rows that are no distribution
-        first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
-        rejected = passed < tested
         if coupled:
             # MC-SJD: from row `passed` on, a row whose position holds a draft x (drawn
             # from q) keeps it with probability min(1, p(x) / q(x)), else draws from
@@ -316,14 +312,17 @@ class SpeculativeDecoder:
             # committed (the first rejection, the bonus) or becomes the next draft.  Coin
             # and draw are the row's verification uniforms, which nothing else reads
             # from the first rejection on: under exact acceptance the test above is the
-            # coupling test and one residual pass serves every row.
-            had = (window.unsqueeze(0) >= passed.unsqueeze(1)) & (target < st.draft_end.unsqueeze(1))
+            # coupling test and one residual pass serves every row.  (Rows before
+            # `passed` are never read, so they need not be told apart.)
+            had = target < st.draft_end.unsqueeze(1)
             stays = test if self.exact else u[..., 0] < EXACT.accept_prob(
                 probs, DraftDistributions(st.ring, slots, st.batch_idx), x)
-            redo = had & ~stays
-            drawn = self._residual_draws(st, probs, slots, redo, u, torch.where(had, x, samples), samples)
+            drawn = self._coupled_draws(st, probs, slots, had, stays, x, u)
         else:
-            drawn = samples
+            drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
+        bad = st.buffer("cumsum", L)[..., -1].isnan() & (target < T)  # rows that are no distribution
+        first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
+        rejected = passed < tested
         new_tok = drawn.gather(1, passed.unsqueeze(1))
         if tested and not (coupled and self.exact):
             # the first rejection resamples from the rule's residual (same uniform)
@@ -369,27 +368,33 @@ class SpeculativeDecoder:
         return None
 
     @staticmethod
-    def _residual_draws(st, probs, slots, redo, u, tokens, samples):
-        """``tokens`` with each row flagged in ``redo`` replaced by a draw from
-        ``norm(max(0, p - q))`` (``q``: the row's draft distribution in the ring) with
-        the row's sample uniform; where that leaves no mass (``p`` and ``q`` equal to
-        float precision), the row's draw from ``p`` (``samples``, the same uniform).
+    def _coupled_draws(st, probs, slots, had, stays, x, u):
+        """One token per window row, each with the row's sample uniform: the draft
+        ``x`` where the row had one and it stays, a draw from ``norm(max(0, p - q))``
+        (``q``: the draft's row in the ring) where it falls, a draw from ``p`` where
+        the row had no draft or the residual has no mass (``p`` and ``q`` equal to
+        float precision).  The draws go through ``st.buffer("cumsum")`` (the engine
+        reads its row totals for NaN).
 
         On CUDA, and on CPU while rows x vocabulary stay under ``DENSE_RESIDUAL``,
-        every row's residual is computed (a few whole-window ops, no host sync);
-        larger CPU windows pick the flagged rows first, so rows that keep their
-        draft cost no pass over the vocabulary.  Both give the same tokens."""
-        V = probs.shape[-1]
+        each row is drawn once from its own distribution (a few whole-window ops, no
+        host sync); larger CPU windows draw every row from ``p`` and then pick the
+        falling rows, so rows that keep their draft cost no pass over the
+        vocabulary.  Both give the same tokens."""
+        B, L, V = probs.shape
+        redo = had & ~stays
         if probs.is_cuda or redo.numel() * V <= DENSE_RESIDUAL:
-            res = st.rows(st.ring, slots, "residual_q")
+            res = st.ring[st.batch_idx, slots]
             torch.sub(probs, res, out=res).clamp_(min=0.0)
-            draws = rng.categorical(res, u[..., 1:], st.buffer("residual", slots.shape[1]), empty="past-end")
-            tokens = torch.where(redo, draws.squeeze(-1), tokens)
-            return torch.where(tokens < V, tokens, samples)
+            res = torch.where((redo & (res.sum(-1) > 0)).unsqueeze(-1), res, probs)
+            drawn = rng.categorical(res, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)
+            return torch.where(had & stays, x, drawn)
+        samples = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)
+        tokens = torch.where(had, x, samples)
         idx = redo.view(-1).nonzero().squeeze(1)
         n = idx.numel()
-        res = st.buffer("residual", slots.shape[1]).view(-1, V)[:n]
-        q = st.buffer("residual_q", slots.shape[1]).view(-1, V)[:n]
+        res = st.buffer("residual", L).view(-1, V)[:n]
+        q = st.buffer("residual_q", L).view(-1, V)[:n]
         torch.index_select(probs.reshape(-1, V), 0, idx, out=res)
         flat = (st.batch_idx * st.ring.shape[1] + slots).view(-1)
         torch.index_select(st.ring.view(-1, V), 0, flat[idx], out=q)
