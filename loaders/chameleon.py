@@ -201,12 +201,9 @@ class ChameleonAdapter(RaggedCacheAdapter):
         return self._logits(hidden[:, -1])
 
     @torch.no_grad()
-    def forward(self, tokens):
-        rows = len(self.cache.valid)
-        ids = tokens.repeat(rows // tokens.shape[0], 1)
-        hidden = self._keep(self.inner(input_ids=ids, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state)
-        self.cache.commit()
-        return self._logits(hidden)
+    def _hidden(self, tokens, cache_inputs):
+        ids = tokens.repeat(len(self.cache.valid) // tokens.shape[0], 1)
+        return self.inner(input_ids=ids, **cache_inputs).last_hidden_state
 
     def token_vectors(self):
         book = self.codebook

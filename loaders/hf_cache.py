@@ -27,6 +27,8 @@ class RaggedCache:
         self.mask: torch.Tensor | None = None  # [rows, physical] 1 = valid
         self.valid: list[int] = []  # valid positions per row
         self.slack = slack
+        self._tree = None  # (valid lengths, physical length) before the last tree forward
+        self._tail = 0
 
     @property
     def physical(self) -> int:
@@ -38,6 +40,7 @@ class RaggedCache:
         pad_mask = pad_mask.long()
         self._next_mask = pad_mask
         self._added = pad_mask.sum(1).tolist()
+        self._tree = None
         positions = (pad_mask.cumsum(1) - 1).clamp(min=0)
         return {"attention_mask": pad_mask, "position_ids": positions, "past_key_values": self.cache,
                 "use_cache": True}
@@ -48,12 +51,49 @@ class RaggedCache:
         ones = torch.ones(self.mask.shape[0], L, dtype=self.mask.dtype, device=device)
         self._next_mask = torch.cat([self.mask, ones], 1)
         self._added = [L] * len(self.valid)
+        self._tree = None
         positions = torch.tensor(self.valid, device=device).unsqueeze(1) + torch.arange(L, device=device)
         return {"attention_mask": self._next_mask, "position_ids": positions, "past_key_values": self.cache,
                 "use_cache": True}
 
+    def tree_inputs(self, parents: torch.Tensor) -> dict:
+        """Arguments for a forward of a draft tree (``sampling/tree.py``) with
+        ``parents`` ``[rows, N]``: the nodes go in as ``N`` new columns; a 4D mask
+        lets each see the valid prefix, its ancestors and itself, and its position
+        is the row's valid length plus its depth."""
+        from ..sampling.tree import ancestors
+
+        device = self.mask.device
+        N = parents.shape[1]
+        within = ancestors(parents)
+        self._next_mask = torch.cat([self.mask, torch.ones(self.mask.shape[0], N, dtype=self.mask.dtype,
+                                                           device=device)], 1)
+        self._added = [N] * len(self.valid)
+        self._tree = (list(self.valid), self.physical)
+        prefix = self.mask.bool()[:, None, :].expand(-1, N, -1)
+        allowed = torch.cat([prefix, within], 2).unsqueeze(1)  # [rows, 1, N, physical + N]
+        positions = torch.tensor(self.valid, device=device).unsqueeze(1) + within.sum(-1) - 1
+        return {"attention_mask": allowed, "position_ids": positions, "past_key_values": self.cache,
+                "use_cache": True}
+
+    def keep_tree(self, nodes: torch.Tensor, counts: list[int]):
+        """After a tree forward: keep each row's ``nodes[row, :counts[row]]`` (a path
+        from the root, in order: their columns stay in order and their positions
+        are the row's next ones) and make the other nodes holes."""
+        valid, start = self._tree
+        N = self.physical - start
+        keep = torch.zeros(len(counts), N, dtype=self.mask.dtype, device=self.mask.device)
+        take = torch.arange(nodes.shape[1], device=nodes.device).unsqueeze(0) < torch.tensor(
+            counts, device=nodes.device).unsqueeze(1)
+        keep.scatter_(1, torch.where(take, nodes, N - 1) if N else nodes, take.to(keep.dtype))
+        self.mask = torch.cat([self.mask[:, :start], keep], 1)
+        self.valid = [v + c for v, c in zip(valid, counts)]
+        self._crop_unused()
+
     def commit(self):
         """After the forward: the new tokens are in the cache."""
+        # trailing columns valid in every row: what the fast rollback may drop
+        self._tail = self._tail + min(self._added) if self._tree is None else 0
         self.mask = self._next_mask
         self.valid = [v + a for v, a in zip(self.valid or [0] * len(self._added), self._added)]
 
@@ -61,12 +101,26 @@ class RaggedCache:
         """Drop the last ``n[row]`` valid positions of each row."""
         if not any(n):
             return
-        P = self.physical
         drop = torch.tensor(n, device=self.mask.device).unsqueeze(1)
-        cols = torch.arange(P, device=self.mask.device)
-        self.mask = self.mask * (cols < P - drop)  # the last window's columns of that row
+        P = self.physical
         self.valid = [v - k for v, k in zip(self.valid, n)]
-        self._crop(P - min(n))
+        if max(n) <= self._tail:  # within the last window, whose columns are all valid: no host sync
+            self.mask = self.mask * (torch.arange(P, device=self.mask.device) < P - drop)
+            self._tail = self._tail - max(n) if max(n) == min(n) else 0
+            self._crop(P - min(n))
+            if self.physical - max(self.valid) > self.slack:
+                self._compact()
+            return
+        on = self.mask.bool()  # after a tree: the last valid columns are not the last columns
+        from_end = on.flip(1).cumsum(1).flip(1)
+        self.mask = self.mask * ~(on & (from_end <= drop))
+        self._tail = 0
+        self._crop_unused()
+
+    def _crop_unused(self):
+        """Drop trailing columns no row uses; compact when holes pile up."""
+        used = self.mask.bool().any(0).nonzero()
+        self._crop(int(used[-1]) + 1 if len(used) else 0)
         if self.physical - max(self.valid) > self.slack:
             self._compact()
 
@@ -119,6 +173,23 @@ class RaggedCacheAdapter(ImageAdapter):
     @torch.no_grad()
     def input_embeddings(self):
         return self.model.get_input_embeddings().weight.detach()[: self.vocab_size]
+
+    @torch.no_grad()
+    def forward(self, tokens):
+        hidden = self._keep(self._hidden(tokens, self.cache.step_inputs(tokens.shape[1])))
+        self.cache.commit()
+        return self._logits(hidden)
+
+    @torch.no_grad()
+    def forward_tree(self, tokens, parents):
+        reps = len(self.cache.valid) // tokens.shape[0]
+        hidden = self._keep(self._hidden(tokens, self.cache.tree_inputs(parents.repeat(reps, 1))))
+        self.cache.commit()
+        return self._logits(hidden)
+
+    def keep_tree(self, nodes, counts):
+        reps = len(self.cache.valid) // len(counts)
+        self.cache.keep_tree(nodes.repeat(reps, 1), list(counts) * reps)
 
     def rollback(self, n):
         self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))  # the same for every branch

@@ -217,12 +217,10 @@ class JanusAdapter(RaggedCacheAdapter):
         return self._logits(hidden[:, -1])
 
     @torch.no_grad()
-    def forward(self, tokens):
+    def _hidden(self, tokens, cache_inputs):
         rows = len(self.cache.valid)
         embeds = self.model.prepare_embeddings_for_image_generation(tokens.repeat(rows // tokens.shape[0], 1))
-        hidden = self._keep(self.lm(inputs_embeds=embeds, **self.cache.step_inputs(tokens.shape[1])).last_hidden_state)
-        self.cache.commit()
-        return self._logits(hidden)
+        return self.lm(inputs_embeds=embeds, **cache_inputs).last_hidden_state
 
     @torch.no_grad()
     def input_embeddings(self):  # image tokens enter through the generation embedding and aligner

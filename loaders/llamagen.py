@@ -264,6 +264,32 @@ class KVCache:
         mask = ((idx <= q) & self.key_ok[:, None, : self.keys]) | (idx == q)
         return self.pos, mask.unsqueeze(1)
 
+    def begin_tree(self, depth: torch.Tensor, within: torch.Tensor):
+        """Start a forward of a draft tree (``sampling/tree.py``) of ``N`` nodes per
+        row, stored after each row's prefix in node order: returns the nodes'
+        sequence positions ``[rows, N]`` (prefix length + depth) and the mask
+        ``[rows, 1, N, keys]``: the valid prefix, and ``within`` ``[rows, N, N]``
+        (a node's ancestors and itself) among the nodes."""
+        pos, mask = self.begin(depth.shape[1])
+        start = self.length.view(-1, 1, 1)
+        idx = torch.arange(self.keys, device=self.length.device)
+        col = (idx - start).clamp(min=0, max=within.shape[2] - 1).expand(-1, within.shape[1], -1)
+        in_tree = within.gather(2, col) & (idx >= start) & (idx < start + within.shape[2])
+        mask = torch.where(idx >= start, in_tree, mask.squeeze(1))
+        return self.length.unsqueeze(1) + depth, mask.unsqueeze(1)
+
+    def keep(self, start: list[int], nodes: torch.Tensor, counts: list[int]):
+        """After a tree forward from ``start[row]``: keep nodes ``nodes[row, :counts[row]]``
+        (a root-to-node path, in order) at ``start .. start + count`` and drop the rest."""
+        base = torch.tensor(start, device=self.length.device).view(-1, 1)
+        src = (base + nodes).view(-1, 1, nodes.shape[1], 1)
+        dst = (base + torch.arange(nodes.shape[1], device=base.device)).view(-1, 1, nodes.shape[1], 1)
+        for buf in self.k + self.v:
+            moved = buf.gather(2, src.expand(-1, buf.shape[1], -1, buf.shape[3]))
+            buf.scatter_(2, dst.expand_as(moved), moved)
+        self.host_length = [a + c for a, c in zip(start, counts)]
+        self.length = torch.tensor(self.host_length, device=self.length.device)
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store ``k, v`` ``[rows, heads, L, hd]`` at each row's positions; return
         the keys and values attention reads."""
@@ -376,6 +402,27 @@ class LlamaGenAdapter(ImageAdapter):
     def rollback(self, n):
         branches = len(self.cache.host_length) // len(n)
         self.cache.advance([-k for k in n] * branches)
+
+    @torch.no_grad()
+    def forward_tree(self, tokens, parents):
+        from ..sampling.tree import ancestors
+
+        rows = self.cache.length.shape[0]
+        reps = rows // tokens.shape[0]
+        within = ancestors(parents).repeat(reps, 1, 1)
+        self._tree_start = list(self.cache.host_length)
+        h = self.gpt.tok_embeddings(tokens).repeat(reps, 1, 1)
+        N = tokens.shape[1]
+        pos, mask = self.cache.begin_tree(within.sum(-1) - 1, within)
+        features = self.gpt.features(h, self.rope[pos], self.cache, mask)
+        self.cache.advance([N] * rows)
+        if self.keep_features:
+            self.features = features.view(-1, self.batch, N, features.shape[-1])
+        return self.gpt.output(features).float().view(-1, self.batch, N, self.vocab_size)
+
+    def keep_tree(self, nodes, counts):
+        branches = len(self.cache.host_length) // len(counts)
+        self.cache.keep(self._tree_start, nodes.repeat(branches, 1), list(counts) * branches)
 
     def cache_lengths(self):
         return self.cache.length[: self.batch] - self.spec.cond_tokens

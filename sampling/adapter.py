@@ -124,6 +124,17 @@ class ImageAdapter:
         synchronisation, so adapters may use them freely (e.g. to crop a cache)."""
         raise NotImplementedError
 
+    def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Logits ``[K, B, N, vocab]`` of a draft tree (``tree.py``) of ``tokens``
+        ``[B, N]`` with ``parents`` ``[B, N]``, on top of the cache, in one forward;
+        the cache then holds all ``N`` nodes until :meth:`keep_tree`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score draft trees")
+
+    def keep_tree(self, nodes: torch.Tensor, counts: list[int]) -> None:
+        """After :meth:`forward_tree`: keep nodes ``nodes[b, :counts[b]]`` (a path from
+        the root, in order) in sample ``b``'s cache and drop the other nodes."""
+        raise NotImplementedError(f"{type(self).__name__} cannot score draft trees")
+
     def logits_from_features(self, features: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., vocab]`` (float32, a fresh tensor: the engine processes
         logits in place) of final hidden states ``[..., H]`` through the model's
