@@ -238,6 +238,17 @@ class DraftHead(nn.Module):
             feats = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], 1)  # g_{s-1} for the input at s
         return outs
 
+    @torch.no_grad()
+    def step_tree(self, tokens, features, depth, within, start, cache: KVCache) -> torch.Tensor:
+        """Append ``N`` nodes of a draft tree per row (fed level by level): ``depth``
+        ``[rows, N]`` their depths below the tree's first level, ``within``
+        ``[rows, N, M]`` which of the tree's ``M`` nodes so far (from cache position
+        ``start``) each one sees; their predicted features."""
+        pos, mask = cache.begin_tree(depth, within, start)
+        out = self(tokens, features, self._rope[pos], cache, mask)
+        cache.advance([tokens.shape[1]] * len(cache.host_length))
+        return out
+
     def describe(self) -> dict:
         return {"name": self.name, **asdict(self.spec)}
 

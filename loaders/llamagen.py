@@ -264,19 +264,23 @@ class KVCache:
         mask = ((idx <= q) & self.key_ok[:, None, : self.keys]) | (idx == q)
         return self.pos, mask.unsqueeze(1)
 
-    def begin_tree(self, depth: torch.Tensor, within: torch.Tensor):
-        """Start a forward of a draft tree (``sampling/tree.py``) of ``N`` nodes per
-        row, stored after each row's prefix in node order: returns the nodes'
-        sequence positions ``[rows, N]`` (prefix length + depth) and the mask
-        ``[rows, 1, N, keys]``: the valid prefix, and ``within`` ``[rows, N, N]``
-        (a node's ancestors and itself) among the nodes."""
+    def begin_tree(self, depth: torch.Tensor, within: torch.Tensor, start: torch.Tensor | None = None):
+        """Start a forward of ``N`` nodes of a draft tree (``sampling/tree.py``) per
+        row, stored after each row's cache in node order.  The tree's nodes begin
+        at cache position ``start`` ``[rows]`` (default: the cache length; earlier
+        nodes of a tree fed level by level are already there): ``within``
+        ``[rows, N, M]`` says which of the tree's ``M`` nodes so far (these ``N``
+        last) each node sees, its ancestors and itself; before ``start`` every
+        valid key is seen.  Returns the nodes' sequence positions ``[rows, N]``
+        (``start`` + depth) and the mask ``[rows, 1, N, keys]``."""
+        start = self.length if start is None else start
         pos, mask = self.begin(depth.shape[1])
-        start = self.length.view(-1, 1, 1)
+        s = start.view(-1, 1, 1)
         idx = torch.arange(self.keys, device=self.length.device)
-        col = (idx - start).clamp(min=0, max=within.shape[2] - 1).expand(-1, within.shape[1], -1)
-        in_tree = within.gather(2, col) & (idx >= start) & (idx < start + within.shape[2])
-        mask = torch.where(idx >= start, in_tree, mask.squeeze(1))
-        return self.length.unsqueeze(1) + depth, mask.unsqueeze(1)
+        col = (idx - s).clamp(min=0, max=within.shape[2] - 1).expand(-1, within.shape[1], -1)
+        in_tree = within.gather(2, col) & (idx < s + within.shape[2])
+        mask = torch.where(idx >= s, in_tree, mask.squeeze(1))
+        return start.unsqueeze(1) + depth, mask.unsqueeze(1)
 
     def keep(self, start: list[int], nodes: torch.Tensor, counts: list[int]):
         """After a tree forward from ``start[row]``: keep nodes ``nodes[row, :counts[row]]``

@@ -39,6 +39,7 @@ ACCEPTANCE_RULES = ("exact", "grouped", "latent")
 SCHEDULES = ("every", "uniform", "similarity")
 DRAFT_INITS = ("random", "repeat-left", "repeat-above", "sample-left", "sample-above")
 DRAFT_COUPLINGS = ("none", "maximal", "gumbel")
+DRAFT_TREES = ("chain", "dynamic", "static")
 #: settings a family may default (``ImageAdapter.sampling_defaults``), and their values where it does not
 SAMPLING_FALLBACK = {"cfg_scale": 1.0, "top_k": None, "top_p": 1.0, "temperature": 1.0}
 SAMPLING_FIELDS = tuple(SAMPLING_FALLBACK)
@@ -88,6 +89,8 @@ class Knob:
         return {"api": self.name, "cli": self.option, "node": self.label}[surface]
 
     def range_text(self) -> str:
+        if self.kind == "str" and self.choices is None:
+            return "a file path"
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices if c is not None)
         hi = self.bound or (f"{self.hi:g}" if self.hi != math.inf else "")
@@ -97,6 +100,8 @@ class Knob:
         parts = {"always"}
         if config.drafts:
             parts |= {"drafts", config.rule, config.verify_schedule, "drafter" if config.drafter else "jacobi"}
+            if config.drafter and config.tree != "chain":
+                parts |= {"tree", config.tree}
         return bool(parts & set(self.uses))
 
     def to_json(self) -> dict:
@@ -147,7 +152,22 @@ class DecodeConfig:
     # a draft model (a sibling or a draft head); ``drafter`` names it and is set by the
     # engine when one is attached (None: Jacobi self-drafting)
     depth: int = knob(4, symbol="depth", label="drafter_depth", uses=("drafter",), lo=1, hi=64, step=1,
-                      help="drafts a draft model proposes per forward of the target (chain drafting)")
+                      help="drafts a draft model proposes per forward of the target: the chain's length, or the "
+                           "tree's depth")
+    tree: str = knob("chain", symbol="tree", label="draft_tree", uses=("drafter",), choices=DRAFT_TREES,
+                     widget="combo",
+                     help="how a draft model's drafts are laid out: one chain, a dynamic tree (EAGLE-2: the "
+                          "top-k children of the likeliest nodes, then the likeliest tree_tokens kept) or a "
+                          "static tree (LANTERN++: a fixed shape of child ranks), all verified in one forward")
+    tree_top_k: int = knob(10, symbol="topk", label="tree_top_k", uses=("tree",), lo=1, hi=64, step=1,
+                           help="tree drafting: children per expanded node (dynamic), the widest rank (static)")
+    tree_tokens: int = knob(60, symbol="N", label="tree_tokens", uses=("tree",), lo=2, hi=512, step=1,
+                            help="tree drafting: draft tokens in the tree, verified in one forward (LANTERN: 59)")
+    tree_choices: str | None = knob(None, symbol="choices", label="tree_choices", uses=("static",),
+                                    widget=None, optional=True,
+                                    unset="auto: the tree_tokens likeliest rank paths under a Zipf prior",
+                                    help="static tree shape: a JSON file with a list of child-rank paths "
+                                         "([[0], [1], [0, 0], ...], every prefix listed)")
     drafter: str | None = None
     # GSD
     group_size: int = knob(10, symbol="G", label="G", uses=("grouped",), lo=1, hi=1000, step=1,
@@ -288,6 +308,10 @@ def check(k: Knob, value, surface: str = "api") -> None:
         if value not in k.choices:
             shown = [c for c in k.choices if c is not None]
             raise ConfigError(f"{name} must be one of {', '.join(map(repr, shown))} (got {shorten(value)})")
+        return
+    if k.kind == "str":  # a path: read (and checked) where it is used
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{name} must be {k.range_text()} (got {shorten(value)})")
         return
     integer = k.kind == "int"
     ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))

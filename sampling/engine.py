@@ -125,6 +125,21 @@ class SpeculativeDecoder:
             if hasattr(drafter, "check"):
                 drafter.check(adapter)
         self.drafter = drafter or JacobiDrafts(config.init, config.draft_coupling)
+        self.tree = bool(config.drafts and drafter is not None and config.tree != "chain")
+        if self.tree:
+            if not hasattr(self.drafter, "tree"):
+                raise ConfigError(f"the {self.drafter.name} drafts chains only; draft trees need a draft head")
+            if type(adapter).forward_tree is ImageAdapter.forward_tree:
+                raise ConfigError(f"{type(adapter).__name__} cannot score draft trees")
+            if config.verify_schedule != "every":
+                raise ConfigError(f"draft trees are verified at every step; the {config.verify_schedule!r} "
+                                  "schedule skips verifications on chains only (use tree 'chain')")
+            self.tree_levels = config.depth
+            if config.tree == "static":  # the shape is read (and checked) now; a choices file sets its depth
+                from .tree import static_shape
+
+                shape = static_shape(config.tree_choices, config.tree_tokens, config.tree_top_k, config.depth)
+                self.tree_levels = max(shape["depths"]) + 1
         self.guided = self.pipeline.guidance.branches > 1
         # the draft source wants the rows after the first rejection coupled with their
         # old drafts (see _verify), and under exact acceptance that is the verifier's test
@@ -217,7 +232,7 @@ class SpeculativeDecoder:
                 self._skip(st, *plan)
                 plan = None
             elif st.drafts:
-                plan = self._verify(st, timer)
+                plan = self._verify_tree(st, timer) if self.tree else self._verify(st, timer)
             else:
                 self._autoregressive(st, timer)
             self._notify(callback, st)
@@ -365,6 +380,50 @@ class SpeculativeDecoder:
         self._extend(st)
         if plan is not None and min(sync[3]) >= 0 and max(sync[3]) > 0:
             return plan, sync[3]
+        return None
+
+    def _verify_tree(self, st: DecodeState, timer: "Timer"):
+        """One forward over a draft tree (``tree.py``) hung below the newest committed
+        token, the root; the walk from the root keeps the accepted path, which the
+        caches keep, and draws the new token after it."""
+        from .tree import accept_path, children, depths
+
+        ad, B, T = self.adapter, st.batch, st.length
+        tokens, parents, valid = self.drafter.tree(st, self.config)
+        N = tokens.shape[1]
+        base = st.n_cached  # the root sits at the newest committed position
+        minus = torch.full((B, 1), -1, dtype=torch.long, device=base.device)
+        full_tok = torch.cat([st.seq.gather(1, base.unsqueeze(1)), tokens], 1)
+        full_par = torch.cat([minus, torch.where(parents >= 0, parents + 1, 0)], 1)
+        target = base.unsqueeze(1) + depths(full_par) + 1  # the position each row predicts
+        with timer.model():
+            logits = ad.forward_tree(full_tok, full_par)
+        check_shape("forward_tree", logits, (ad.branches(self.guided), B, N + 1, ad.vocab_size))
+        probs = self.pipeline(logits, target, st.buffer("probs", N + 1))  # [B, N + 1, V]
+        u = rng.uniform(st.keys, st.step, rng.VERIFY, st.arange(N + 1).expand(B, -1), lanes=2)
+        levels = self.tree_levels
+        path, counts, new, rejected = accept_path(probs, full_tok, children(parents, valid), self.rule, u[..., 0],
+                                                  u[:, : levels + 1, 1], levels, self.exact)
+        committed_before = st.n_committed
+        done = committed_before >= T  # finished samples ride along: they keep nothing
+        counts = torch.where(done, 0, counts)
+        bad = probs.sum(-1).isnan() & (target < T) & torch.cat([~done.unsqueeze(1), valid], 1)
+        first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
+
+        self.drafter.after_tree(st, path, counts)
+        at = base.unsqueeze(1) + st.arange(path.shape[1])
+        kept = st.arange(path.shape[1]).unsqueeze(0) < counts.unsqueeze(1)
+        st.seq.scatter_(1, torch.where(kept, at, st.scratch), full_tok.gather(1, path))
+        stop = base + counts  # where the new token goes
+        st.seq.scatter_(1, torch.where((stop < T) & ~done, stop, st.scratch).unsqueeze(1), new.unsqueeze(1))
+        committed = torch.where(done, committed_before, (stop + 1).clamp(max=T))
+        st.n_cached = base + counts
+        st.n_committed = committed
+        st.log.append(("V", committed_before, committed, rejected & ~done, stop))
+        sync = torch.stack([st.n_cached, st.n_committed, counts, first_bad]).tolist()
+        raise_if_nonfinite([j >= 0 for j in sync[3]], st.step, [c + 1 for c in st.host_cached])
+        st.host_cached, st.host_committed = sync[0], sync[1]
+        ad.keep_tree(path, sync[2])  # the root and the accepted nodes stay, the rest leaves
         return None
 
     @staticmethod

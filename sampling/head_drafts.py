@@ -88,7 +88,10 @@ class HeadDrafts:
                               f"have {H}")
         self.rows = R
         spec = self.head.spec
-        self.cache = self.head.new_cache(R * B, st.length + st.max_window + 2, C - 1 if spec.prompt_inputs else 0)
+        room = st.length + st.max_window + 2  # the image, drafts past its end, and a tree's nodes
+        if config.tree != "chain":
+            room += config.tree_top_k * config.depth + config.tree_tokens
+        self.cache = self.head.new_cache(R * B, room, C - 1 if spec.prompt_inputs else 0)
         # target features by stream position + 1 (slot 0: the condition's last position)
         self.features = cond.new_zeros(R, B, st.length + 2 * st.max_window + 2, H)
         self.features[:, :, 0] = cond[:, :, -1]
@@ -124,6 +127,85 @@ class HeadDrafts:
 
     def extend(self, st: DecodeState, start: torch.Tensor, stop: torch.Tensor, width: int):
         B, R, device = st.batch, self.rows, st.seq.device
+        committed = st.host_committed
+        g = self._catch_up(st)
+        # then chain: tokens already there (committed ones the target has not scored,
+        # after a skip, and drafts kept from before) are fed as they are; every later
+        # position gets a draft from the head's q
+        pos = torch.tensor(self.real, device=device).unsqueeze(1)  # the position g predicts
+        steps = max(c + st.horizon - r for c, r in zip(committed, self.real))
+        for j in range(steps):
+            if j:
+                g = self._step(tok, g.reshape(R * B, 1, -1)).view(R, B, 1, -1)
+                self.spec_len = [n + 1 for n in self.spec_len]
+            q = self._q(g, pos)  # [B, 1, V]
+            drafting = pos >= start.unsqueeze(1)
+            u = rng.uniform(st.keys, st.step, rng.DRAFT, pos)
+            tok = torch.where(drafting, rng.categorical(q, u.unsqueeze(-1)).view(B, 1),
+                              st.seq.gather(1, pos.clamp(max=st.seq.shape[1] - 1)))
+            valid = drafting & (pos < stop.unsqueeze(1))
+            st.seq.scatter_(1, torch.where(valid, pos, st.scratch), tok)
+            st.ring[st.batch_idx, torch.where(valid, pos % st.ring_size, st.ring_size)] = q
+            pos = pos + 1
+        st.informed_end = torch.maximum(st.informed_end, stop)
+
+    def tree(self, st: DecodeState, config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A draft tree from the committed prefix (``sampling/tree.py``): ``tokens``,
+        ``parents`` and ``valid`` ``[B, N]``, nodes in order of depth, siblings by
+        draft probability.  Every node is a deterministic pick (a top-k or a ranked
+        child of its parent's ``q``), so its ``q`` is a point mass.
+
+        ``dynamic`` (EAGLE-2): the root's top ``tree_top_k`` children, then at each
+        level the ``tree_top_k`` likeliest nodes (cumulative draft log-probability)
+        are fed to the head and each gets its ``tree_top_k`` children; of all
+        candidates the ``tree_tokens`` likeliest are kept (ancestors first on ties,
+        so every kept node's parent is kept).  ``static`` (LANTERN++'s shape, our
+        picks): ``tree_choices`` rank paths, each node its parent's ranked child."""
+        from .tree import static_shape
+
+        B, R, device = st.batch, self.rows, st.seq.device
+        K, D = config.tree_top_k, config.depth
+        g = self._catch_up(st)  # [R, B, 1, H]: predicts position n
+        n = torch.tensor(self.real, device=device).unsqueeze(1)
+        logq = torch.log(self._q(g, n)).squeeze(1)  # [B, V]
+        if config.tree == "static":
+            shape = static_shape(config.tree_choices, config.tree_tokens, K, D)
+            return self._static(st, g, logq, shape, n)
+        top = torch.topk(logq, K, dim=-1)
+        tok, score, parent = [top.indices], [top.values], [torch.full((B, K), -1, device=device)]
+        level = [torch.zeros(B, K, dtype=torch.long, device=device)]
+        level_nodes = torch.arange(K, device=device).expand(B, K)  # indices of the last level's nodes
+        fed_feats, fed_par, start = None, None, torch.tensor(self.cache.host_length, device=device)
+        for d in range(1, D):
+            scores = torch.cat(score, 1)
+            pick = level_nodes.gather(1, torch.topk(scores.gather(1, level_nodes), K, dim=-1).indices)  # [B, K]
+            all_tok, all_par = torch.cat(tok, 1), torch.cat(parent, 1)
+            x = all_tok.gather(1, pick)
+            # each picked node's input: its token and its parent's output (the root's: g)
+            par_fed = self._fed_index(all_par.gather(1, pick), fed_par)
+            feats = self._parent_features(g, fed_feats, par_fed)  # [R, B, K, H]
+            within = self._within(fed_par, par_fed, K)  # which fed nodes each sees
+            depth = torch.full((R * B, K), d - 1, device=device)
+            out = self._step_tree(x, feats, depth, within, start)  # [R, B, K, H]
+            fed_feats = out if fed_feats is None else torch.cat([fed_feats, out], 2)
+            fed_par = self._append_fed(fed_par, par_fed, pick)
+            q = self._q(out, (n + d).expand(B, K))  # [B, K, V]
+            child = torch.topk(torch.log(q), K, dim=-1)  # [B, K, K]
+            tok.append(child.indices.flatten(1))
+            score.append((scores.gather(1, pick).unsqueeze(-1) + child.values).flatten(1))
+            parent.append(pick.unsqueeze(-1).expand(B, K, K).flatten(1))
+            level.append(torch.full((B, K * K), d, dtype=torch.long, device=device))
+            base = sum(t.shape[1] for t in tok[:-1])
+            level_nodes = base + torch.arange(K * K, device=device).expand(B, K * K)
+        return self._rerank(st, torch.cat(tok, 1), torch.cat(score, 1), torch.cat(parent, 1), torch.cat(level, 1), n,
+                            config.tree_tokens)
+
+    # -- catching up ------------------------------------------------------------
+    def _catch_up(self, st) -> torch.Tensor:
+        """Feed the head the inputs whose features are real (rolling back whatever it
+        fed speculatively); its output for the last one, ``[R, B, 1, H]``, which
+        predicts the position after it (``self.real``)."""
+        B, R, device = st.batch, self.rows, st.seq.device
         committed, cached = st.host_committed, st.host_cached
         self._rollback(self.spec_len)
         self.spec_len = [0] * B
@@ -141,28 +223,137 @@ class HeadDrafts:
         self._rollback([k - n for n in feed])
         self.real = [e + 1 for e in last]
         at = torch.tensor([n - 1 for n in feed], device=device)
-        g = out.view(R, B, k, -1)[:, torch.arange(B, device=device), at].unsqueeze(2)  # [R, B, 1, H]
-        # then chain: tokens already there (committed ones the target has not scored,
-        # after a skip, and drafts kept from before) are fed as they are; every later
-        # position gets a draft from the head's q
-        pos = torch.tensor(self.real, device=device).unsqueeze(1)  # the position g predicts
-        steps = max(c + st.horizon - r for c, r in zip(committed, self.real))
-        for j in range(steps):
-            if j:
-                g = self._step(tok, g.reshape(R * B, 1, -1)).view(R, B, 1, -1)
-                self.spec_len = [n + 1 for n in self.spec_len]
-            with self.timer.model("drafter"), torch.no_grad():
-                logits = self.target.logits_from_features(g)
-            drafting = pos >= start.unsqueeze(1)
-            q = self.pipeline(logits, pos)  # [B, 1, V]
-            u = rng.uniform(st.keys, st.step, rng.DRAFT, pos)
-            tok = torch.where(drafting, rng.categorical(q, u.unsqueeze(-1)).view(B, 1),
-                              st.seq.gather(1, pos.clamp(max=st.seq.shape[1] - 1)))
-            valid = drafting & (pos < stop.unsqueeze(1))
-            st.seq.scatter_(1, torch.where(valid, pos, st.scratch), tok)
-            st.ring[st.batch_idx, torch.where(valid, pos % st.ring_size, st.ring_size)] = q
-            pos = pos + 1
-        st.informed_end = torch.maximum(st.informed_end, stop)
+        return out.view(R, B, k, -1)[:, torch.arange(B, device=device), at].unsqueeze(2)  # [R, B, 1, H]
+
+    # -- trees -------------------------------------------------------------------
+    def after_tree(self, st: DecodeState, path: torch.Tensor, counts: torch.Tensor):
+        """After a tree's verification: the target's features of the kept path (the
+        root and the accepted nodes) are real features of its positions."""
+        feats = self.target.features  # [R, B, N + 1, H], row 0: the root
+        pos = st.n_cached.unsqueeze(1) + st.arange(path.shape[1])  # before the engine moves it
+        kept = st.arange(path.shape[1]).unsqueeze(0) < counts.unsqueeze(1)
+        slots = torch.where(kept, pos + 1, self.features.shape[2] - 1)
+        self.features[:, st.batch_idx, slots] = feats[:, st.batch_idx, path]
+
+    def _static(self, st, g, logq, shape, n):
+        """The static tree ``shape`` (rank paths, parents first): each level's nodes
+        fed together, each node its parent's ranked child."""
+        B, R, device = st.batch, self.rows, st.seq.device
+        parents_of = shape["parents"]  # list: parent index per node (-1: the root)
+        ranks, depth_of = shape["ranks"], shape["depths"]
+        N = len(parents_of)
+        tok = torch.zeros(B, N, dtype=torch.long, device=device)
+        score = torch.zeros(B, N, device=device)
+        order = torch.argsort(logq, -1, descending=True)  # the root's children by rank
+        fed_feats, fed_par, start = None, None, torch.tensor(self.cache.host_length, device=device)
+        level_q = {-1: (order, logq)}  # parent node -> its ranked children and log q
+        for d in range(max(depth_of) + 1):
+            nodes = [i for i in range(N) if depth_of[i] == d]
+            for i in nodes:
+                o, lq = level_q[parents_of[i]]
+                tok[:, i] = o[:, ranks[i]]
+                score[:, i] = lq.gather(1, tok[:, i:i + 1]).squeeze(1) + (score[:, parents_of[i]]
+                                                                          if parents_of[i] >= 0 else 0)
+            inner = [i for i in nodes if i in parents_of]  # nodes with children: fed to the head
+            if not inner or d + 1 > max(depth_of):
+                continue
+            pick = torch.tensor(inner, device=device).expand(B, -1)
+            par = torch.tensor([parents_of[i] for i in inner], device=device).expand(B, -1)
+            par_fed = self._fed_index(par, fed_par)
+            feats = self._parent_features(g, fed_feats, par_fed)
+            within = self._within(fed_par, par_fed, len(inner))
+            depth = torch.full((R * B, len(inner)), d, device=device)
+            out = self._step_tree(tok.gather(1, pick), feats, depth, within, start)
+            fed_feats = out if fed_feats is None else torch.cat([fed_feats, out], 2)
+            fed_par = self._append_fed(fed_par, par_fed, pick)
+            q = self._q(out, (n + d + 1).expand(B, len(inner)))  # [B, len(inner), V]
+            lq = torch.log(q)
+            o = torch.argsort(lq, -1, descending=True)
+            for j, i in enumerate(inner):
+                level_q[i] = (o[:, j], lq[:, j])
+        parents = torch.tensor(parents_of, device=device).expand(B, N)
+        return self._finish(st, tok, parents, score, torch.tensor(depth_of, device=device).expand(B, N), n)
+
+    def _rerank(self, st, tok, score, parent, depth, n, budget):
+        """Keep the ``budget`` likeliest candidates (ancestors before descendants on
+        ties), ordered by depth then likelihood, parents remapped."""
+        B, M = tok.shape
+        device = tok.device
+        key = torch.where(torch.isfinite(score), score, float("-inf")) - 1e-6 * depth
+        keep = torch.topk(key, min(budget, M), dim=-1).indices  # [B, N], likeliest first
+        order = torch.argsort(depth.gather(1, keep) * M + torch.arange(keep.shape[1], device=device), -1)
+        keep = keep.gather(1, order)  # by depth, then by likelihood
+        new_index = torch.full((B, M), -1, dtype=torch.long, device=device)
+        new_index.scatter_(1, keep, torch.arange(keep.shape[1], device=device).expand_as(keep))
+        par = parent.gather(1, keep)
+        parents = torch.where(par >= 0, new_index.gather(1, par.clamp(min=0)), -1)
+        return self._finish(st, tok.gather(1, keep), parents, score.gather(1, keep), depth.gather(1, keep), n)
+
+    def _finish(self, st, tok, parents, score, depth, n):
+        """The nodes that can stand: a finite draft probability, a parent that can,
+        and a position inside the image.  (The head's tree inputs are rolled back
+        when it next catches up.)"""
+        valid = torch.isfinite(score) & (n + depth < st.length)
+        for _ in range(int(depth.max()) + 1):  # a node under one that cannot stand cannot (parents come first)
+            valid &= torch.where(parents >= 0, valid.gather(1, parents.clamp(min=0)), True)
+        return tok, parents, valid
+
+    def _q(self, g, pos):
+        """The draft distributions of head outputs ``g`` ``[R, B, k, H]`` at ``pos`` ``[B, k]``."""
+        with self.timer.model("drafter"), torch.no_grad():
+            logits = self.target.logits_from_features(g)
+        return self.pipeline(logits, pos)
+
+    @staticmethod
+    def _fed_index(parents, fed_par):
+        """Where each parent sits among the nodes fed to the head so far (-1: the root)."""
+        if fed_par is None:
+            return torch.full_like(parents, -1)
+        nodes = fed_par["nodes"]  # [B, M] candidate index of each fed node
+        hit = nodes.unsqueeze(1) == parents.unsqueeze(2)  # [B, K, M]
+        return torch.where(hit.any(-1), hit.int().argmax(-1), -1)
+
+    def _parent_features(self, g, fed_feats, par_fed):
+        R, B, _, H = g.shape
+        if fed_feats is None:
+            return g.expand(R, B, par_fed.shape[1], H)
+        return torch.where((par_fed >= 0).view(1, B, -1, 1),
+                           fed_feats.gather(2, par_fed.clamp(min=0).view(1, B, -1, 1).expand(R, B, -1, H)), g)
+
+    @staticmethod
+    def _within(fed_par, par_fed, k):
+        """``[B, k, M + k]``: the fed nodes (and themselves) that ``k`` new nodes see."""
+        B = par_fed.shape[0]
+        eye = torch.eye(k, dtype=torch.bool, device=par_fed.device).expand(B, k, k)
+        if fed_par is None:
+            return eye
+        anc = fed_par["anc"]  # [B, M, M]
+        seen = torch.where((par_fed >= 0).unsqueeze(-1), anc.gather(
+            1, par_fed.clamp(min=0).unsqueeze(-1).expand(-1, -1, anc.shape[2])), False)
+        return torch.cat([seen, eye], 2)
+
+    @staticmethod
+    def _append_fed(fed_par, par_fed, pick):
+        """Record newly fed nodes: their candidate index and ancestor rows."""
+        B, k = pick.shape
+        device = pick.device
+        if fed_par is None:
+            return {"nodes": pick, "anc": torch.eye(k, dtype=torch.bool, device=device).expand(B, k, k).clone()}
+        anc = fed_par["anc"]
+        M = anc.shape[1]
+        grown = torch.zeros(B, M + k, M + k, dtype=torch.bool, device=device)
+        grown[:, :M, :M] = anc
+        grown[:, M:, :] = HeadDrafts._within(fed_par, par_fed, k)
+        return {"nodes": torch.cat([fed_par["nodes"], pick], 1), "anc": grown}
+
+    def _step_tree(self, tokens, feats, depth, within, start):
+        R = self.rows
+        B, k = tokens.shape
+        with self.timer.model("drafter"):
+            out = self.head.step_tree(tokens.repeat(R, 1), feats.reshape(R * B, k, -1), depth,
+                                      within.repeat(R, 1, 1), start, self.cache)
+        self.spec_len = [m + k for m in self.spec_len]
+        return out.view(R, B, k, -1)
 
     # -- helpers ---------------------------------------------------------------
     def _step(self, tokens, features):

@@ -133,8 +133,8 @@ class DecodeState:
         cost page faults on every step)."""
         n = self.batch * rows * self.vocab
         buf = self.buffers.get(name)
-        if buf is None or buf.numel() < n:
-            buf = self.buffers[name] = torch.empty(self.batch * self.max_window * self.vocab,
+        if buf is None or buf.numel() < n:  # a window's rows at least (a draft tree's may be more)
+            buf = self.buffers[name] = torch.empty(max(n, self.batch * self.max_window * self.vocab),
                                                    device=self.n_cached.device)
         return buf[:n].view(self.batch, rows, self.vocab)
 

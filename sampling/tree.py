@@ -10,7 +10,14 @@ node ``i`` has parent ``i - 1``.
 """
 from __future__ import annotations
 
+import heapq
+import json
+import math
+import pathlib
+
 import torch
+
+from .config import ConfigError
 
 
 def ancestors(parents: torch.Tensor) -> torch.Tensor:
@@ -38,3 +45,131 @@ def depths(parents: torch.Tensor) -> torch.Tensor:
 def chain(B: int, L: int, device=None) -> torch.Tensor:
     """The parents of a chain of ``L`` nodes."""
     return (torch.arange(L, device=device) - 1).expand(B, L).contiguous()
+
+
+class PointMass:
+    """The draft distribution of a deterministic draft (a tree node taken by rank):
+    all its mass on the node's token ``x`` ``[B, n]``.  What acceptance rules read
+    through ``q.at`` (``acceptance.py``), and ``dense`` for their residual."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+
+    def at(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.x if ids.dim() == self.x.dim() else self.x.unsqueeze(-1)
+        return (ids == x).float()
+
+    def dense(self, vocab: int) -> torch.Tensor:
+        return torch.nn.functional.one_hot(self.x, vocab).float()
+
+
+def children(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``[B, N + 1, K]``: the valid children of each node (index 0: the root; node
+    ``i`` of ``parents`` is ``i + 1``), in node order, ``-1``-padded."""
+    B, N = parents.shape
+    owner = torch.where(valid, parents + 1, N + 1)  # invalid nodes go to a row that is cut off
+    earlier = torch.ones(N, N, dtype=torch.bool, device=parents.device).tril(-1)
+    rank = ((owner.unsqueeze(2) == owner.unsqueeze(1)) & earlier).sum(-1)  # among its siblings
+    out = torch.full((B, N + 2, int(rank.max()) + 1), -1, dtype=torch.long, device=parents.device)
+    batch = torch.arange(B, device=parents.device).unsqueeze(1).expand(B, N)
+    out[batch, owner, rank] = torch.arange(1, N + 1, device=parents.device).expand(B, N)
+    return out[:, : N + 1]
+
+
+def accept_path(probs, tokens, kids, rule, u_coin, u_draw, levels: int, exact: bool):
+    """Walk a verified tree from the root.  ``probs`` ``[B, N + 1, V]``: the target's
+    distribution after each node (row 0: after the root); ``tokens`` ``[B, N + 1]``;
+    ``kids`` from :func:`children`; ``levels`` the tree's depth; ``u_coin``
+    ``[B, N + 1]`` one uniform per node, ``u_draw`` ``[B, levels + 1]`` one per depth.
+    Every draft is deterministic (``q`` a point mass), so exact acceptance is
+    recursive rejection over the siblings, which draws the same as: draw ``t`` from
+    the node's row, move to the child whose token is ``t``, or stop with ``t`` as the
+    new token (``exact``: done that way, one draw per level).  Other rules test each
+    sibling in turn with ``rule.accept_prob`` on the residual the siblings before it
+    left, and draw the new token from the last residual.  A sample that reaches a
+    leaf draws the bonus from the leaf's row.  Returns ``(path [B, levels + 1]`` node
+    indices from the root, ``counts`` nodes on it, ``new`` tokens ``[B]``,
+    ``rejected`` ``[B]``: a child was tried and none stood); no host synchronisation."""
+    from . import rng
+
+    B, N1, V = probs.shape
+    batch = torch.arange(B, device=probs.device)
+    cur = torch.zeros(B, dtype=torch.long, device=probs.device)
+    moving = torch.ones(B, dtype=torch.bool, device=probs.device)
+    path, counts = [cur], torch.ones(B, dtype=torch.long, device=probs.device)
+    rejected = torch.zeros(B, dtype=torch.bool, device=probs.device)
+    new = torch.zeros(B, dtype=torch.long, device=probs.device)
+    for depth in range(levels + 1):
+        k = kids[batch, cur]  # [B, K]
+        row = probs[batch, cur]  # [B, V]
+        u = u_draw[:, depth: depth + 1]
+        if exact or depth == levels:  # the last level has no children: the bonus
+            t = rng.categorical(row, u).squeeze(-1)
+            child_tok = torch.where(k >= 0, tokens.gather(1, k.clamp(min=0)), -1)
+            hit = (child_tok == t.unsqueeze(1)) & moving.unsqueeze(1)
+            moved = hit.any(1)
+            nxt = k.gather(1, hit.int().argmax(1, keepdim=True)).squeeze(1)
+        else:
+            r, moved, nxt = row, torch.zeros_like(moving), cur
+            for j in range(k.shape[1]):
+                c = k[:, j]
+                x = tokens.gather(1, c.clamp(min=0).unsqueeze(1))
+                live = moving & ~moved & (c >= 0)
+                total = r.sum(-1, keepdim=True)
+                rn = r / torch.where(total > 0, total, 1.0)
+                q = PointMass(x)
+                acc = live & (u_coin.gather(1, c.clamp(min=0).unsqueeze(1)).squeeze(1)
+                              < rule.accept_prob(rn.unsqueeze(1), q, x).squeeze(1))
+                res = rule.residual(rn.unsqueeze(1), q.dense(V), x).squeeze(1)
+                res = torch.where(res.sum(-1, keepdim=True) > 0, res, rn)  # float ties: nothing left to take
+                r = torch.where((live & ~acc).unsqueeze(1), res, r)
+                nxt = torch.where(acc, c, nxt)
+                moved = moved | acc
+            t = rng.categorical(r, u).squeeze(-1)
+        stop = moving & ~moved
+        new = torch.where(stop, t, new)
+        rejected |= stop & (k[:, 0] >= 0)
+        cur = torch.where(moved, nxt, cur)
+        counts = counts + moved.long()
+        moving = moved
+        if depth < levels:
+            path.append(torch.where(moved, nxt, 0))
+    return torch.stack(path, 1), counts, new, rejected
+
+
+def static_shape(choices: str | None, tokens: int, top_k: int, depth: int) -> dict:
+    """A static tree: ``parents``, ``ranks`` (which ranked child of its parent a node
+    is) and ``depths`` per node, parents first.  From ``choices``: a JSON file holding
+    a list of child-rank paths (``[[0], [1], [0, 0], ...]``, every prefix listed, as
+    LANTERN++'s tree choices); without one, the ``tokens`` paths of at most ``depth``
+    ranks below ``top_k`` that are likeliest under a Zipf prior (rank ``r`` taken with
+    weight ``1 / (r + 1)``)."""
+    if choices:
+        path = pathlib.Path(choices)
+        try:
+            paths = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ConfigError(f"tree_choices {choices}: cannot be read as a JSON list of rank paths ({err})") from None
+        if not (isinstance(paths, list) and paths and all(
+                isinstance(p, list) and p and all(isinstance(r, int) and r >= 0 for r in p) for p in paths)):
+            raise ConfigError(f"tree_choices {choices}: expected a non-empty list of rank paths such as "
+                              "[[0], [1], [0, 0]] (lists of ranks >= 0)")
+        paths = sorted({tuple(p) for p in paths}, key=lambda p: (len(p), p))
+        missing = [p for p in paths if len(p) > 1 and p[:-1] not in set(paths)]
+        if missing:
+            raise ConfigError(f"tree_choices {choices}: path {list(missing[0])} is listed without its parent "
+                              f"{list(missing[0][:-1])}")
+    else:
+        found = []
+        heap = [(-math.log(1 / (r + 1)), (r,)) for r in range(top_k)]
+        heapq.heapify(heap)
+        while heap and len(found) < tokens:
+            cost, p = heapq.heappop(heap)
+            found.append(p)
+            if len(p) < depth:
+                for r in range(top_k):
+                    heapq.heappush(heap, (cost - math.log(1 / (r + 1)), p + (r,)))
+        paths = sorted(found, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(paths)}
+    return {"parents": [index[p[:-1]] if len(p) > 1 else -1 for p in paths], "ranks": [p[-1] for p in paths],
+            "depths": [len(p) - 1 for p in paths]}

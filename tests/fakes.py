@@ -61,6 +61,33 @@ class TabularAdapter(ImageAdapter):
     def token_vectors(self):
         return torch.arange(self.vectors.shape[0]), self.vectors
 
+    def forward_tree(self, tokens, parents):
+        """Each node's logits from its own prefix: the cache, its ancestors, itself."""
+        from spec_ar.sampling.tree import ancestors, depths
+
+        self.calls.append(("tree",) + tuple(tokens.shape))
+        B, N = tokens.shape
+        anc, depth = ancestors(parents), depths(parents)
+        self.tree_start, self.tree_tokens = self.lengths.clone(), tokens.clone()
+        hist = self.hist
+        out = []
+        for i in range(N):
+            self.hist = hist.clone()
+            pos = self.lengths.unsqueeze(1) + depth  # every node's own position
+            on = anc[:, i]  # node i and its ancestors
+            self.hist.scatter_(1, torch.where(on, pos, self.hist.shape[1] - 1), torch.where(on, tokens, 0))
+            out.append(self._logits(self.lengths.unsqueeze(1) + depth[:, i:i + 1] + 1))
+        self.hist = hist
+        self.lengths = self.lengths + N
+        return torch.cat(out, 2)
+
+    def keep_tree(self, nodes, counts):
+        start = self.tree_start
+        for b, c in enumerate(counts):
+            for j in range(c):
+                self.hist[b, start[b] + j] = self.tree_tokens[b, nodes[b, j]]
+        self.lengths = start + torch.tensor(counts)
+
     def _logits(self, target):
         t = target.clamp(max=self.length)
         # prefix code of the tokens before each target position
@@ -116,6 +143,13 @@ class FeaturedTabularAdapter(TabularAdapter):
 
     def _logits(self, target):
         logits = super()._logits(target)
+        if self.keep_features:
+            pad = logits.new_zeros(*logits.shape[:-1], self.feature_size - logits.shape[-1])
+            self.features = torch.cat([logits, pad], -1)
+        return logits
+
+    def forward_tree(self, tokens, parents):
+        logits = super().forward_tree(tokens, parents)
         if self.keep_features:
             pad = logits.new_zeros(*logits.shape[:-1], self.feature_size - logits.shape[-1])
             self.features = torch.cat([logits, pad], -1)

@@ -17,11 +17,11 @@ from .fakes import FeaturedTabularAdapter, TabularAdapter
 from .test_exactness import CFG, TOP_K, stream_test
 
 
-def tabular_head(seed=0, width=8):
-    """A real draft head (random weights, 1D positions) for the tabular target's 5 ids."""
+def tabular_head(seed=0, width=8, vocab=5):
+    """A real draft head (random weights, 1D positions) for the tabular target's ids."""
     torch.manual_seed(seed)
     head = draft_head.DraftHead(draft_head.HeadSpec(hidden=width, heads=2, kv_heads=2, intermediate=16, layers=1,
-                                                    vocab=5))
+                                                    vocab=vocab))
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.5)

@@ -41,11 +41,11 @@ def test_each_knob_is_a_sweep_key_with_the_same_range(name):
     k = KNOBS[name]
     mode = {"grouped": "gsd", "latent": "lantern", "uniform": "vvs"}.get(k.uses[0], "sjd")
     assert name in sweep_keys()[k.symbol] and name in sweep_keys()[name]
-    good = (k.choices[-1] if k.choices else k.lo)
+    good = (k.choices[-1] if k.choices else "tree.json" if k.kind == "str" else k.lo)
     extra = ";schedule=similarity" if "similarity" in k.uses else ""
     (_, config), = parse_sweep(f"{mode}:{name}={good}{extra}")
     assert getattr(config, name) == good
-    if not k.choices:
+    if not k.choices and k.kind != "str":
         with pytest.raises(ConfigError, match=f"^{name} must be an? (integer|number) {re.escape(k.range_text())}"):
             parse_sweep(f"{mode}:{name}={k.lo - 1}")
 
@@ -65,7 +65,8 @@ def test_each_shown_knob_is_a_sampler_widget_with_the_same_range(name):
 @pytest.mark.parametrize("name", list(KNOBS))
 def test_errors_name_the_knob_as_each_surface_shows_it(name):
     k = KNOBS[name]
-    bad = "no such choice" if k.choices else (k.lo - 1 if k.lo is not None and k.lo > -math.inf else "x")
+    bad = ("no such choice" if k.choices else 7 if k.kind == "str"
+           else k.lo - 1 if k.lo is not None and k.lo > -math.inf else "x")
     for surface in SURFACES:
         with pytest.raises(ConfigError, match=f"^{k.shown_as(surface)} must be "):
             check(k, bad, surface)

@@ -1,0 +1,125 @@
+"""Draft trees from a draft head, verified in one forward: exact acceptance stays
+lossless on dynamic and static trees (batch 1 and more), the relaxed rules are
+still caught by the same test, and a tree's image does not depend on its batch."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from spec_ar.sampling import ConfigError, DecodeConfig, HeadDrafts, SpeculativeDecoder
+from spec_ar.sampling.tree import static_shape
+
+from .fakes import FeaturedTabularAdapter
+from .test_exactness import CFG, TOP_K, stream_test
+from .test_head_drafts import tabular_head
+
+TREES = {"dynamic": dict(tree="dynamic", depth=3, tree_top_k=3, tree_tokens=8),
+         "static": dict(tree="static", depth=3, tree_top_k=3, tree_tokens=7)}
+
+
+def decoder(target, head, **config):
+    return SpeculativeDecoder(target, DecodeConfig(**{"cfg_scale": CFG, "top_k": TOP_K, **config}),
+                              drafter=HeadDrafts(head, "test head"))
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_exact_acceptance_on_draft_trees_follows_the_exact_joint(tree):
+    target = FeaturedTabularAdapter(seed=3)
+    result = decoder(target, tabular_head(1), mode="sjd", **TREES[tree]).generate([1] * 20_000, seeds=11_000_000)
+    pvalue, impossible = stream_test(target, result.tokens, cls=1)
+    assert impossible == 0 and pvalue > 1e-4
+    origins = {k: sum(r.origin_counts()[k] for r in result.reports)
+               for k in ("accepted draft", "resampled after a rejection")}
+    assert origins["accepted draft"] > 0 and origins["resampled after a rejection"] > 0
+    assert any(call[0] == "tree" for call in target.calls)
+
+
+def test_a_batch_of_one_on_a_draft_tree_follows_the_exact_joint():
+    target = FeaturedTabularAdapter(image=3, length=3, forced=(1,), seed=5)
+    head = tabular_head(2, vocab=4)  # three image ids and the forced one
+    dec = SpeculativeDecoder(target, DecodeConfig(mode="sjd", cfg_scale=CFG, top_k=2, **TREES["dynamic"]),
+                             drafter=HeadDrafts(head))
+    tokens = torch.cat([dec.generate([0], seeds=[s]).tokens for s in range(500)])
+    pvalue, impossible = stream_test(target, tokens, cls=0, top_k=2)
+    assert impossible == 0 and pvalue > 1e-4
+
+
+def test_the_sibling_by_sibling_walk_is_exact_too(monkeypatch):
+    # the exact walk draws once per level and follows the matching child; the relaxed
+    # rules test siblings one by one on residuals: with the exact rule both must be lossless
+    target = FeaturedTabularAdapter(seed=3)
+    dec = decoder(target, tabular_head(1), mode="sjd", **TREES["dynamic"])
+    dec.exact = False
+    pvalue, impossible = stream_test(target, dec.generate([1] * 20_000, seeds=12_000_000).tokens, cls=1)
+    assert impossible == 0 and pvalue > 1e-4
+
+
+@pytest.mark.parametrize("config", [dict(mode="lantern", lantern_k=3, lantern_delta=1.0),
+                                    dict(mode="gsd", group_size=4, gsd_delta=1.0)])
+def test_the_check_still_rejects_relaxed_rules_on_draft_trees(config):
+    target = FeaturedTabularAdapter(seed=3, spread=4.0)
+    result = decoder(target, tabular_head(1), **config, **TREES["dynamic"]).generate([1] * 20_000,
+                                                                                     seeds=13_000_000)
+    pvalue, impossible = stream_test(target, result.tokens, cls=1)
+    assert impossible > 0 or pvalue < 1e-6
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_an_image_does_not_depend_on_its_batch_with_a_draft_tree(tree):
+    target = FeaturedTabularAdapter(seed=3)
+    dec = decoder(target, tabular_head(2), mode="sjd", **TREES[tree])
+    seeds = list(range(20))
+    batch = dec.generate([1] * len(seeds), seeds=seeds)
+    for b, seed in enumerate(seeds):
+        assert torch.equal(dec.generate([1], seeds=[seed]).tokens[0], batch.tokens[b]), f"sample {b}"
+
+
+def test_static_tree_shapes(tmp_path):
+    auto = static_shape(None, 6, 3, 2)
+    assert auto["depths"] == sorted(auto["depths"]) and len(auto["parents"]) == 6
+    assert all(p < i for i, p in enumerate(auto["parents"]))  # parents come first
+    f = tmp_path / "tree.json"
+    f.write_text(json.dumps([[0], [1], [0, 0], [0, 1], [1, 0]]))
+    assert static_shape(str(f), 99, 9, 9) == {"parents": [-1, -1, 0, 0, 1], "ranks": [0, 1, 0, 1, 0],
+                                              "depths": [0, 0, 1, 1, 1]}
+    f.write_text(json.dumps([[0], [0, 0, 1]]))
+    with pytest.raises(ConfigError, match=r"path \[0, 0, 1\] is listed without its parent \[0, 0\]"):
+        static_shape(str(f), 99, 9, 9)
+    with pytest.raises(ConfigError, match="tree_choices"):
+        decoder(FeaturedTabularAdapter(seed=3), tabular_head(), mode="sjd", tree="static",
+                tree_choices=str(tmp_path / "missing.json"))
+
+
+def test_trees_are_verified_every_step():
+    with pytest.raises(ConfigError, match="draft trees are verified at every step"):
+        decoder(FeaturedTabularAdapter(seed=3), tabular_head(), mode="sjd", schedule="uniform", tree="dynamic")
+
+
+def test_a_head_that_proposes_every_token_has_every_tree_level_accepted():
+    # a tree holding every token at every level: whatever the target draws, a child
+    # matches, so each forward commits the tree's depth and the bonus
+    target = FeaturedTabularAdapter(seed=3)
+    dec = decoder(target, tabular_head(4), mode="sjd", top_k=None, tree="dynamic", depth=3, tree_top_k=5,
+                  tree_tokens=200)
+    for r in dec.generate([1] * 16, seeds=3).reports:
+        assert r.origin_counts()["resampled after a rejection"] == 0 and r.nfe == 2
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+def test_draft_trees_on_a_llamagen_target_with_lanterns_drafter(tree, tmp_path):
+    from spec_ar.loaders import llamagen
+    from spec_ar.loaders.detect import load_drafter
+
+    from .checkpoints import random_gpt, tiny_gpt_spec, write_gpt, write_lantern_head, write_t5, write_vq
+
+    gpt = write_gpt(tmp_path / "t2i.pt", random_gpt(tiny_gpt_spec("t2i", cond_tokens=120), seed=1))
+    model = llamagen.load(gpt, write_vq(tmp_path / "vq.pt"), write_t5(tmp_path / "t5"), resolution=256)
+    source = load_drafter(write_lantern_head(tmp_path / "head", hidden=128, heads=2, vocab=1024), model)
+    config = DecodeConfig(mode="sjd", tree=tree, depth=3, tree_top_k=48, tree_tokens=64)  # random head: a wide root
+    dec = SpeculativeDecoder(model.adapter, config, drafter=source)
+    result = dec.generate(["a cat", "a dog on a hill"], seeds=[4, 5])
+    assert result.tokens.shape == (2, 256)
+    assert all(r.origin_counts()["accepted draft"] > 0 and r.nfe < 256 for r in result.reports)
+    assert torch.equal(dec.generate(["a dog on a hill"], seeds=[5]).tokens[0], result.tokens[1])
