@@ -135,23 +135,27 @@ def knob_visibility() -> dict:
     the node definition; ``web/sampler_knobs.js`` only looks it up).  Read from the
     knob table's ``uses`` through :meth:`Knob.used_by`, so the page and the engine
     agree on which knob a setting reads: ``visible[mode][schedule choice]`` lists the
-    widgets shown with Jacobi drafting, ``drafted[mode][schedule choice]`` those shown
-    while the ``drafter`` input is linked; ``switched`` ones show only while ``switch``
-    (family defaults) is off."""
+    widgets shown with Jacobi drafting, ``drafted[tree][mode][schedule choice]`` those
+    shown while the ``drafter`` input is linked, by the ``tree`` widget's value;
+    ``switched`` ones show only while ``switch`` (family defaults) is off."""
     from ..sampling.config import KNOBS, MODES, SAMPLING_FALLBACK, DecodeConfig
+
+    from ..sampling.config import DRAFT_TREES
 
     widgets = sampler_widgets()
     schedule = next(w for w in widgets if w["field"] == "schedule")
+    tree = next(w for w in widgets if w["field"] == "tree")
 
-    def shown(drafter):
+    def shown(**kw):
         return {mode: {choice: [w["label"] for w in widgets
                                 if KNOBS[w["field"]].used_by(DecodeConfig(
-                                    mode=mode, schedule=None if choice == AUTO else choice, drafter=drafter))]
+                                    mode=mode, schedule=None if choice == AUTO else choice, **kw))]
                        for choice in schedule["options"]}
                 for mode in MODES}
 
-    return {"knobs": [w["label"] for w in widgets], "schedule": schedule["label"], "visible": shown(None),
-            "drafted": shown("drafter"), "drafter_input": DRAFTER_INPUT,
+    return {"knobs": [w["label"] for w in widgets], "schedule": schedule["label"], "visible": shown(),
+            "drafted": {t: shown(drafter="drafter", tree=t) for t in DRAFT_TREES}, "tree": tree["label"],
+            "drafter_input": DRAFTER_INPUT,
             "switch": FAMILY_DEFAULTS, "switched": [w["label"] for w in widgets if w["field"] in SAMPLING_FALLBACK]}
 
 

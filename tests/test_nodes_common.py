@@ -167,14 +167,18 @@ def test_knob_visibility_lists_for_each_mode_the_knobs_it_reads():
     assert "skip_interval" in table["visible"]["vvs"]["auto"]  # the mode's own schedule
     assert "skip_threshold" in table["visible"]["sjd"]["similarity"]  # a schedule chosen on the node
     jacobi = {"window", "draft_init", "draft_coupling"}
+    drafting = {"drafter_depth", "draft_tree"}
+    trees = {"chain": set(), "dynamic": {"tree_top_k", "tree_tokens"}, "static": {"tree_top_k", "tree_tokens"}}
     for mode in MODES:  # drafting knobs: every mode but ar, whatever the schedule choice
         for choice, shown in table["visible"][mode].items():
             assert ({"schedule"} | jacobi <= set(shown)) == (mode != "ar"), mode
-            assert "drafter_depth" not in shown
-            # a linked draft model: its depth instead of the Jacobi knobs, the rest alike
-            drafted = set(table["drafted"][mode][choice])
-            assert drafted == (set(shown) - jacobi | {"drafter_depth"} if mode != "ar" else set(shown)), mode
-    assert table["drafter_input"] == "drafter"
+            assert not drafting & set(shown)
+            # a linked draft model: its depth and tree layout instead of the Jacobi knobs, the rest alike
+            for tree, extra in trees.items():
+                drafted = set(table["drafted"][tree][mode][choice])
+                expect = set(shown) - jacobi | drafting | extra if mode != "ar" else set(shown)
+                assert drafted == expect, (mode, tree)
+    assert table["drafter_input"] == "drafter" and table["tree"] == "draft_tree"
     assert set(table["knobs"]) == set(by_label)  # every widget of the knob table is governed
 
 

@@ -40,7 +40,8 @@ function refresh(node, table) {
   const schedule = widget(node, table.schedule)?.value;
   // a linked draft model replaces Jacobi drafting: its depth shows, the window and init hide
   const drafted = node.inputs?.some((i) => i.name === table.drafter_input && i.link != null);
-  const shown = (drafted ? table.drafted : table.visible)[mode]?.[schedule] ?? table.knobs;  // unknown: hide nothing
+  const byMode = drafted ? table.drafted[widget(node, table.tree)?.value] : table.visible;
+  const shown = byMode?.[mode]?.[schedule] ?? table.knobs;  // an unknown mode: hide nothing
   const family = widget(node, table.switch)?.value === true;
   let changed = false;
   for (const name of table.knobs) {
@@ -79,7 +80,7 @@ app.registerExtension({
     const created = nodeType.prototype.onNodeCreated;
     nodeType.prototype.onNodeCreated = function (...args) {
       const out = created?.apply(this, args);
-      for (const name of ["mode", table.schedule, table.switch]) watch(this, name, table);
+      for (const name of ["mode", table.schedule, table.switch, table.tree]) watch(this, name, table);
       refresh(this, table);
       return out;
     };
