@@ -163,6 +163,21 @@ def test_the_sampler_shows_the_knobs_its_mode_reads_and_saves_every_value(page):
     assert counts["ar"] < counts["sjd"] < counts["gsd"] < counts["all widgets"]
 
 
+def test_a_linked_drafter_shows_its_knobs_instead_of_jacobis(page):
+    from spec_ar.sampling.config import KNOBS, DecodeConfig
+
+    page.load(_ui("embedded_t2i_drafter"), "drafter knobs")  # its first sampler: sjd, drafter linked
+    for tree in ("chain", "dynamic", "static"):
+        _set(page, "draft_tree", tree)
+        shown = set(_sampler_widgets(page))
+        config = DecodeConfig(mode="sjd", drafter="head", tree=tree)
+        for k in KNOBS.values():
+            if k.widget and k.uses != ("always",):
+                assert (k.label in shown) == k.used_by(config), (tree, k.label)
+        assert "drafter_depth" in shown and "window" not in shown
+        assert ("tree_tokens" in shown) == (tree != "chain")
+
+
 def test_the_templates_browser_lists_every_workflow_with_its_thumbnail_and_title(page):
     page.js("async () => { await window.app.extensionManager.command.execute('Comfy.BrowseTemplates'); }")
     dialog = page.page.get_by_role("dialog")
