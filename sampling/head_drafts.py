@@ -21,8 +21,9 @@ features were real (the committed prefix the target has cached, plus the next
 token) and, after drafting, the speculative ones, which are rolled back before
 the next catch-up.  Target features are kept by stream position; those of
 positions the target has cached are real.  When a skipping schedule commits
-drafts the target has not scored yet, the head chains through them with its own
-features until real ones arrive (VVS's stale features).
+drafts the target has not scored yet, the head reads them with stale features,
+the most recent real ones (VVS, sec. 4.3), until the target's own arrive with
+the next verification (VVS's post-verification).
 
 Random numbers: draft ``t`` of sample ``b`` uses ``rng.uniform(keys, step, DRAFT,
 t)``, so an image's drafts do not depend on its batch.
@@ -129,11 +130,10 @@ class HeadDrafts:
         B, R, device = st.batch, self.rows, st.seq.device
         committed = st.host_committed
         g = self._catch_up(st)
-        # then chain: tokens already there (committed ones the target has not scored,
-        # after a skip, and drafts kept from before) are fed as they are; every later
-        # position gets a draft from the head's q
-        pos = torch.tensor(self.real, device=device).unsqueeze(1)  # the position g predicts
-        steps = max(c + st.horizon - r for c, r in zip(committed, self.real))
+        # then chain: drafts already there (kept from before a skip) are fed as they are;
+        # every later position gets a draft from the head's q
+        pos = torch.tensor(committed, device=device).unsqueeze(1)  # the position g predicts
+        steps = st.horizon
         for j in range(steps):
             if j:
                 g = self._step(tok, g.reshape(R * B, 1, -1)).view(R, B, 1, -1)
@@ -166,7 +166,7 @@ class HeadDrafts:
         B, R, device = st.batch, self.rows, st.seq.device
         K, D = config.tree_top_k, config.depth
         g = self._catch_up(st)  # [R, B, 1, H]: predicts position n
-        n = torch.tensor(self.real, device=device).unsqueeze(1)
+        n = torch.tensor(st.host_committed, device=device).unsqueeze(1)
         logq = torch.log(self._q(g, n)).squeeze(1)  # [B, V]
         if config.tree == "static":
             shape = static_shape(config.tree_choices, config.tree_tokens, K, D)
@@ -202,9 +202,10 @@ class HeadDrafts:
 
     # -- catching up ------------------------------------------------------------
     def _catch_up(self, st) -> torch.Tensor:
-        """Feed the head the inputs whose features are real (rolling back whatever it
-        fed speculatively); its output for the last one, ``[R, B, 1, H]``, which
-        predicts the position after it (``self.real``)."""
+        """Feed the head every committed input (rolling back whatever it fed
+        speculatively): with the target's features where it has scored them, else
+        with stale ones; its output for the last one, ``[R, B, 1, H]``, which
+        predicts the first uncommitted position."""
         B, R, device = st.batch, self.rows, st.seq.device
         committed, cached = st.host_committed, st.host_cached
         self._rollback(self.spec_len)
@@ -223,7 +224,24 @@ class HeadDrafts:
         self._rollback([k - n for n in feed])
         self.real = [e + 1 for e in last]
         at = torch.tensor([n - 1 for n in feed], device=device)
-        return out.view(R, B, k, -1)[:, torch.arange(B, device=device), at].unsqueeze(2)  # [R, B, 1, H]
+        g = out.view(R, B, k, -1)[:, torch.arange(B, device=device), at].unsqueeze(2)  # [R, B, 1, H]
+        # committed tokens the target has not scored yet (a skipping schedule committed
+        # them): VVS's stale features, the most recent real ones, as many as there are
+        # such tokens, in order (input s takes f_{s-1-gamma}); fed speculatively, and fed
+        # again with their own features once the target has scored them
+        gamma = [c - r for c, r in zip(committed, self.real)]
+        if max(gamma) > 0:
+            G = max(gamma)
+            cols = torch.tensor(self.real, device=device).unsqueeze(1) + st.arange(G)
+            cols = torch.minimum(cols, torch.tensor(committed, device=device).unsqueeze(1) - 1)
+            stale = (cols - torch.tensor(gamma, device=device).unsqueeze(1)).clamp(min=0)
+            out = self._step(st.seq.gather(1, cols), self.features[:, st.batch_idx, stale])
+            self._rollback([G - n for n in gamma])
+            self.spec_len = list(gamma)
+            at = torch.tensor([max(n, 1) - 1 for n in gamma], device=device)
+            stale_g = out.view(R, B, G, -1)[:, torch.arange(B, device=device), at].unsqueeze(2)
+            g = torch.where(torch.tensor(gamma, device=device).view(1, B, 1, 1) > 0, stale_g, g)
+        return g
 
     # -- trees -------------------------------------------------------------------
     def after_tree(self, st: DecodeState, path: torch.Tensor, counts: torch.Tensor):
