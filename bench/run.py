@@ -204,6 +204,30 @@ def batch_speed(model, configs: dict[str, DecodeConfig], prompts, batch: int, re
     return out
 
 
+def _reads(config: DecodeConfig, part: str) -> bool:
+    """Whether ``config`` sets a knob away from its default that only ``part``
+    ("jacobi" or "drafter", with its tree knobs) reads."""
+    from ..sampling.config import KNOBS
+
+    base = DecodeConfig(mode=config.mode)
+    parts = {"jacobi": ("jacobi",), "drafter": ("drafter", "tree", "dynamic", "static")}[part]
+    return any(set(k.uses) <= set(parts) and getattr(config, k.name) != getattr(base, k.name) for k in KNOBS.values())
+
+
+def _drafter_twins(runs) -> list:
+    """The drafted settings again on a draft model's drafts (``"... + drafter"``),
+    each once: a setting that differs from its mode only in Jacobi knobs has its
+    mode's twin; settings of the draft model's own knobs (depth, trees) run only
+    with it."""
+    twins, seen = [], set()
+    for label, c in runs:
+        if not c.drafts or (_reads(c, "jacobi") and not _reads(c, "drafter")) or c.label() in seen:
+            continue
+        seen.add(c.label())
+        twins.append((f"{label} + drafter", c))
+    return twins
+
+
 def run(args, log=print) -> dict:
     from ..loaders.base import resolve_device
     from ..loaders.detect import detect, load_drafter, load_model
@@ -226,9 +250,9 @@ def run(args, log=print) -> dict:
     drafters = {}
     if args.drafter:  # every drafted setting once more, drafted by the draft model
         source = load_drafter(args.drafter, model, args.text_encoder, device, dtype)
-        twins = [(f"{label} + drafter", c) for label, c in runs if c.drafts]
+        twins = _drafter_twins(runs)
         drafters = {label: source for label, _ in twins}
-        runs += twins
+        runs = [(label, c) for label, c in runs if not _reads(c, "drafter")] + twins
     log(f"{model.name} on {device} ({dtype}); {len(prompts)} prompts x seeds {args.seeds} x {args.repeats} "
         f"repeats; {len(runs)} settings")
     results = {"model": model.name, "device": device, "dtype": str(dtype), "torch": torch.__version__,

@@ -40,7 +40,7 @@ import torch
 from . import rng
 from .acceptance import DraftDistributions, ExactAcceptance, make_rule
 from .adapter import ImageAdapter
-from .config import ConfigError, DecodeConfig
+from .config import KNOBS, ConfigError, DecodeConfig
 from .drafts import DraftSource, JacobiDrafts
 from . import scoring
 from .checks import AR_CHECK_EVERY, check_ar, check_shape, raise_if_nonfinite
@@ -131,9 +131,9 @@ class SpeculativeDecoder:
                 raise ConfigError(f"the {self.drafter.name} drafts chains only; draft trees need a draft head")
             if type(adapter).forward_tree is ImageAdapter.forward_tree:
                 raise ConfigError(f"{type(adapter).__name__} cannot score draft trees")
-            if config.verify_schedule != "every":
-                raise ConfigError(f"draft trees are verified at every step; the {config.verify_schedule!r} "
-                                  "schedule skips verifications on chains only (use tree 'chain')")
+            if config.tree_top_k > int(lay.image_tokens.sum()):
+                raise ConfigError(f"{KNOBS['tree_top_k'].shown_as(surface)} must be at most the model's "
+                                  f"{int(lay.image_tokens.sum())} image tokens (got {config.tree_top_k})")
             self.tree_levels = config.depth
             if config.tree == "static":  # the shape is read (and checked) now; a choices file sets its depth
                 from .tree import static_shape
@@ -232,7 +232,7 @@ class SpeculativeDecoder:
                 self._skip(st, *plan)
                 plan = None
             elif st.drafts:
-                plan = self._verify_tree(st, timer) if self.tree else self._verify(st, timer)
+                plan = self._tree_step(st, timer) if self.tree else self._verify(st, timer)
             else:
                 self._autoregressive(st, timer)
             self._notify(callback, st)
@@ -382,49 +382,109 @@ class SpeculativeDecoder:
             return plan, sync[3]
         return None
 
-    def _verify_tree(self, st: DecodeState, timer: "Timer"):
-        """One forward over a draft tree (``tree.py``) hung below the newest committed
-        token, the root; the walk from the root keeps the accepted path, which the
-        caches keep, and draws the new token after it."""
+    def _tree_step(self, st: DecodeState, timer: "Timer"):
+        """A step on a draft tree (``tree.py``) from the committed prefix: VVS's
+        schedule may commit one of its paths without a forward (``_skip_tree``),
+        else one forward verifies it (``_verify_tree``)."""
+        tokens, parents, valid = self.drafter.tree(st, self.config)
+        skip = self.schedule.skip_tree(st, tokens, parents, valid) if st.skips else None
+        if skip is not None and bool(skip.all()):  # a batch skips together
+            self._skip_tree(st, tokens, parents, valid)
+        else:
+            self._verify_tree(st, timer, tokens, parents, valid)
+        return None
+
+    def _skip_tree(self, st: DecodeState, tokens, parents, valid):
+        """VVS on a tree (sec. 4.2): commit one root-to-leaf path, chosen uniformly
+        among the tree's, truncated to the tree's mean path length; the next forward
+        verifies after it (post-verification)."""
+        from .tree import children, depths
+
+        B, N = tokens.shape
+        T = st.length
+        depth = depths(parents)
+        full = torch.cat([torch.full((B, 1), -1, device=parents.device), torch.where(parents >= 0, parents + 1, 0)], 1)
+        kids = children(full, torch.cat([torch.ones_like(valid[:, :1]), valid], 1))
+        leaf = valid & (kids[:, 1:, 0] < 0)
+        mean_len = torch.floor((leaf * (depth + 1)).sum(1) / leaf.sum(1).clamp(min=1)).long()
+        u = rng.uniform(st.keys, st.step, rng.PATHS, st.n_committed.unsqueeze(1)).squeeze(1)
+        pick = (u * leaf.sum(1)).long().clamp(max=(leaf.sum(1) - 1).clamp(min=0))  # the pick-th leaf
+        node = ((leaf.cumsum(1) - 1 == pick.unsqueeze(1)) & leaf).int().argmax(1)
+        path = torch.full((B, N), -1, dtype=torch.long, device=tokens.device)
+        for _ in range(int(depth.max()) + 1):  # climb from the leaf: its ancestors by depth
+            at = depth.gather(1, node.unsqueeze(1))
+            path.scatter_(1, at, node.unsqueeze(1))
+            up = parents.gather(1, node.unsqueeze(1)).squeeze(1)
+            node = torch.where(up >= 0, up, node)
+        m = torch.minimum(mean_len, (path >= 0).sum(1)) * leaf.any(1)
+        m = torch.minimum(m, (T - st.n_committed).clamp(min=0))
+        pos = st.n_committed.unsqueeze(1) + st.arange(N)
+        take = st.arange(N).unsqueeze(0) < m.unsqueeze(1)
+        st.seq.scatter_(1, torch.where(take, pos, st.scratch), tokens.gather(1, path.clamp(min=0)))
+        st.log.append(("S", st.n_committed, st.n_committed + m, m > 0, None))
+        st.n_committed = st.n_committed + m
+        st.host_committed = st.n_committed.tolist()
+        st.verified_since_skip = 0
+
+    def _verify_tree(self, st: DecodeState, timer: "Timer", tokens, parents, valid):
+        """One forward over the committed tokens the target has not scored (the last
+        one the root; more than one after a skip: they are prepended and stand, VVS's
+        post-verification) and the draft tree hung below the root; the walk from the
+        root keeps the accepted path, which the caches keep, and draws the new token
+        after it."""
         from .tree import accept_path, children, depths
 
         ad, B, T = self.adapter, st.batch, st.length
-        tokens, parents, valid = self.drafter.tree(st, self.config)
         N = tokens.shape[1]
-        base = st.n_cached  # the root sits at the newest committed position
-        minus = torch.full((B, 1), -1, dtype=torch.long, device=base.device)
-        full_tok = torch.cat([st.seq.gather(1, base.unsqueeze(1)), tokens], 1)
-        full_par = torch.cat([minus, torch.where(parents >= 0, parents + 1, 0)], 1)
+        base = st.n_cached
+        waiting = st.n_committed - base  # >= 1
+        W = max(c - k for c, k in zip(st.host_committed, st.host_cached))
+        chain = st.arange(W).unsqueeze(0)
+        root = waiting - 1
+        full_tok = torch.cat([st.seq.gather(1, (base.unsqueeze(1) + chain).clamp(max=st.seq.shape[1] - 1)), tokens], 1)
+        full_par = torch.cat([(chain - 1).expand(B, W), torch.where(parents >= 0, parents + W, root.unsqueeze(1))], 1)
+        full_valid = torch.cat([chain < waiting.unsqueeze(1), valid], 1)
         target = base.unsqueeze(1) + depths(full_par) + 1  # the position each row predicts
         with timer.model():
             logits = ad.forward_tree(full_tok, full_par)
-        check_shape("forward_tree", logits, (ad.branches(self.guided), B, N + 1, ad.vocab_size))
-        probs = self.pipeline(logits, target, st.buffer("probs", N + 1))  # [B, N + 1, V]
-        u = rng.uniform(st.keys, st.step, rng.VERIFY, st.arange(N + 1).expand(B, -1), lanes=2)
+        M = W + N
+        check_shape("forward_tree", logits, (ad.branches(self.guided), B, M, ad.vocab_size))
+        probs = self.pipeline(logits, target, st.buffer("probs", M))  # [B, M, V]
+        u = rng.uniform(st.keys, st.step, rng.VERIFY, st.arange(M).expand(B, -1), lanes=2)
+        kids = children(full_par, full_valid & (st.arange(M).unsqueeze(0) >= W))  # the tree's nodes only
         levels = self.tree_levels
-        path, counts, new, rejected = accept_path(probs, full_tok, children(parents, valid), self.rule, u[..., 0],
+        path, counts, new, rejected = accept_path(probs, full_tok, kids, root, self.rule, u[..., 0],
                                                   u[:, : levels + 1, 1], levels, self.exact)
         committed_before = st.n_committed
         done = committed_before >= T  # finished samples ride along: they keep nothing
-        counts = torch.where(done, 0, counts)
-        bad = probs.sum(-1).isnan() & (target < T) & torch.cat([~done.unsqueeze(1), valid], 1)
+        keep = torch.where(done, 0, waiting - 1 + counts)  # the waiting chain, then the accepted nodes
+        bad = probs.sum(-1).isnan() & (target < T) & full_valid & ~done.unsqueeze(1)
         first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
 
-        self.drafter.after_tree(st, path, counts)
-        at = base.unsqueeze(1) + st.arange(path.shape[1])
-        kept = st.arange(path.shape[1]).unsqueeze(0) < counts.unsqueeze(1)
-        st.seq.scatter_(1, torch.where(kept, at, st.scratch), full_tok.gather(1, path))
-        stop = base + counts  # where the new token goes
+        # kept nodes: the chain before the root, then the walk's path from the root
+        nodes = torch.cat([chain.expand(B, W), path[:, 1:]], 1)
+        shift = (W - waiting).unsqueeze(1)  # the path follows the sample's own chain
+        idx = st.arange(nodes.shape[1]).unsqueeze(0)
+        nodes = torch.where(idx < waiting.unsqueeze(1), nodes,
+                            nodes.gather(1, (idx + shift).clamp(max=nodes.shape[1] - 1)))
+        self.drafter.after_tree(st, nodes, keep)
+        at = base.unsqueeze(1) + idx
+        kept = idx < keep.unsqueeze(1)
+        st.seq.scatter_(1, torch.where(kept & (idx >= waiting.unsqueeze(1)), at, st.scratch), full_tok.gather(1, nodes))
+        stop = base + keep  # where the new token goes
         st.seq.scatter_(1, torch.where((stop < T) & ~done, stop, st.scratch).unsqueeze(1), new.unsqueeze(1))
         committed = torch.where(done, committed_before, (stop + 1).clamp(max=T))
-        st.n_cached = base + counts
+        st.n_cached = base + keep
         st.n_committed = committed
         st.log.append(("V", committed_before, committed, rejected & ~done, stop))
-        sync = torch.stack([st.n_cached, st.n_committed, counts, first_bad]).tolist()
+        if st.skips:
+            st.produced += committed - committed_before
+            st.verified += committed_before < T
+        st.verified_since_skip += 1
+        sync = torch.stack([st.n_cached, st.n_committed, keep, first_bad]).tolist()
         raise_if_nonfinite([j >= 0 for j in sync[3]], st.step, [c + 1 for c in st.host_cached])
         st.host_cached, st.host_committed = sync[0], sync[1]
-        ad.keep_tree(path, sync[2])  # the root and the accepted nodes stay, the rest leaves
-        return None
+        ad.keep_tree(nodes, sync[2])  # the waiting chain and the accepted nodes stay, the rest leaves
 
     @staticmethod
     def _coupled_draws(st, probs, slots, had, stays, x, u):

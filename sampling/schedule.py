@@ -30,6 +30,9 @@ class VerifyEveryStep:
     def plan(self, st):
         return None
 
+    def skip_tree(self, st, tokens, parents, valid):
+        return None
+
 
 class UniformSkip:
     """After ``interval - 1`` verified steps, the next step skips verification."""
@@ -41,6 +44,12 @@ class UniformSkip:
         if st.verified_since_skip < self.interval - 1:
             return None
         return st.commit_lengths()
+
+    def skip_tree(self, st, tokens, parents, valid):
+        """On draft trees the step decides from its own tree: skip now, or not."""
+        if st.verified_since_skip < max(1, self.interval - 1):
+            return None
+        return torch.ones_like(valid[:, 0])
 
 
 class SimilaritySkip:
@@ -58,6 +67,22 @@ class SimilaritySkip:
         against = (m > 0) & (score < self.threshold)
         return torch.where(against, -1, m)
 
+    def skip_tree(self, st, tokens, parents, valid):
+        """On draft trees (VVS-D on the drafter's tree): skip now when ``paths``
+        root-to-leaf paths drawn uniformly agree at least ``threshold`` (the same
+        depth-weighted similarity), for every sample that has a tree."""
+        if st.verified_since_skip < 1:
+            return None
+        paths, D = tree_paths(st, tokens, parents, valid, self.paths)
+        vec = torch.nn.functional.normalize(self.geometry.vec(paths.clamp(min=0)), dim=-1)  # [B, D, P, E]
+        gram = vec @ vec.transpose(-1, -2)
+        n = self.paths
+        pair_mean = (gram.sum((-1, -2)) - n) / (n * (n - 1))
+        w = (self.alpha ** torch.arange(D, device=tokens.device).float()) * (paths >= 0).all(-1)
+        score = (w * pair_mean).sum(1) / w.sum(1).clamp(min=1e-12)
+        has = valid.any(1)
+        return ~has | (score >= self.threshold)
+
     def similarity(self, st, depth: int, m: torch.Tensor) -> torch.Tensor:
         pos = st.n_committed.unsqueeze(1) + torch.arange(depth, device=m.device)  # [B, D]
         rows = st.ring[st.batch_idx, pos % st.ring_size]  # [B, D, V] draft distributions
@@ -71,6 +96,31 @@ class SimilaritySkip:
         free = st.forced_at[pos] < 0
         w = (self.alpha ** depth_idx.float()) * ((depth_idx.unsqueeze(0) < m.unsqueeze(1)) & free)
         return (w * pair_mean).sum(1) / w.sum(1).clamp(min=1e-12)
+
+
+def tree_paths(st, tokens, parents, valid, paths: int):
+    """``[B, D, P]`` tokens of ``paths`` root-to-leaf paths per sample, leaves drawn
+    uniformly (with replacement), by depth (``-1`` past a path's leaf), and ``D``."""
+    from .tree import depths
+
+    B, N = tokens.shape
+    depth = depths(parents)
+    is_parent = torch.zeros_like(valid)
+    is_parent.scatter_(1, parents.clamp(min=0), (parents >= 0) & valid)
+    leaf = valid & ~is_parent
+    count = leaf.sum(1, keepdim=True)
+    u = torch.stack([rng.uniform(st.keys, st.step, rng.PATHS + i, st.n_committed) for i in range(paths)], 1)
+    pick = (u * count).long().clamp(max=(count - 1).clamp(min=0))  # [B, P]: the pick-th leaf
+    rank = leaf.cumsum(1) - 1
+    node = ((rank.unsqueeze(1) == pick.unsqueeze(2)) & leaf.unsqueeze(1)).int().argmax(2)  # [B, P]
+    D = int(depth.max()) + 1
+    out = torch.full((B, D, paths), -1, dtype=torch.long, device=tokens.device)
+    for _ in range(D):  # climb: each path's node at its depth, then its parent
+        d = depth.gather(1, node)
+        out.scatter_(1, d.unsqueeze(1), tokens.gather(1, node).unsqueeze(1))
+        up = parents.gather(1, node)
+        node = torch.where(up >= 0, up, node)
+    return out, D
 
 
 def make_schedule(name: str, config, geometry):

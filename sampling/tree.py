@@ -6,7 +6,9 @@ root (the newest committed token, which the forward does not hold).  Node ``i``
 sits at stream position ``n + depth[b, i]`` (``n``: the position of the root's
 child), attends to the cached prefix, its ancestors and itself, and its output
 row predicts the position after it.  A chain of ``L`` drafts is the tree whose
-node ``i`` has parent ``i - 1``.
+node ``i`` has parent ``i - 1``.  The engine prepends the root (and, after a
+skipped verification, the committed tokens the target has not scored before it)
+as a chain, so its trees' parents are ``-1`` only for the first node.
 """
 from __future__ import annotations
 
@@ -64,23 +66,23 @@ class PointMass:
 
 
 def children(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``[B, N + 1, K]``: the valid children of each node (index 0: the root; node
-    ``i`` of ``parents`` is ``i + 1``), in node order, ``-1``-padded."""
-    B, N = parents.shape
-    owner = torch.where(valid, parents + 1, N + 1)  # invalid nodes go to a row that is cut off
-    earlier = torch.ones(N, N, dtype=torch.bool, device=parents.device).tril(-1)
+    """``[B, M, K]``: the valid children of each node of ``parents`` ``[B, M]``
+    (``-1``: no parent), in node order, ``-1``-padded."""
+    B, M = parents.shape
+    owner = torch.where(valid & (parents >= 0), parents, M)  # the others go to a row that is cut off
+    earlier = torch.ones(M, M, dtype=torch.bool, device=parents.device).tril(-1)
     rank = ((owner.unsqueeze(2) == owner.unsqueeze(1)) & earlier).sum(-1)  # among its siblings
-    out = torch.full((B, N + 2, int(rank.max()) + 1), -1, dtype=torch.long, device=parents.device)
-    batch = torch.arange(B, device=parents.device).unsqueeze(1).expand(B, N)
-    out[batch, owner, rank] = torch.arange(1, N + 1, device=parents.device).expand(B, N)
-    return out[:, : N + 1]
+    out = torch.full((B, M + 1, int(rank.max()) + 1), -1, dtype=torch.long, device=parents.device)
+    batch = torch.arange(B, device=parents.device).unsqueeze(1).expand(B, M)
+    out[batch, owner, rank] = torch.arange(M, device=parents.device).expand(B, M)
+    return out[:, :M]
 
 
-def accept_path(probs, tokens, kids, rule, u_coin, u_draw, levels: int, exact: bool):
-    """Walk a verified tree from the root.  ``probs`` ``[B, N + 1, V]``: the target's
-    distribution after each node (row 0: after the root); ``tokens`` ``[B, N + 1]``;
-    ``kids`` from :func:`children`; ``levels`` the tree's depth; ``u_coin``
-    ``[B, N + 1]`` one uniform per node, ``u_draw`` ``[B, levels + 1]`` one per depth.
+def accept_path(probs, tokens, kids, root, rule, u_coin, u_draw, levels: int, exact: bool):
+    """Walk a verified tree from node ``root`` ``[B]``.  ``probs`` ``[B, M, V]``: the
+    target's distribution after each node; ``tokens`` ``[B, M]``; ``kids`` from
+    :func:`children`; ``levels`` the tree's depth below the root; ``u_coin``
+    ``[B, M]`` one uniform per node, ``u_draw`` ``[B, levels + 1]`` one per depth.
     Every draft is deterministic (``q`` a point mass), so exact acceptance is
     recursive rejection over the siblings, which draws the same as: draw ``t`` from
     the node's row, move to the child whose token is ``t``, or stop with ``t`` as the
@@ -88,13 +90,13 @@ def accept_path(probs, tokens, kids, rule, u_coin, u_draw, levels: int, exact: b
     sibling in turn with ``rule.accept_prob`` on the residual the siblings before it
     left, and draw the new token from the last residual.  A sample that reaches a
     leaf draws the bonus from the leaf's row.  Returns ``(path [B, levels + 1]`` node
-    indices from the root, ``counts`` nodes on it, ``new`` tokens ``[B]``,
+    indices from the root, ``counts`` nodes on it (the root included), ``new`` tokens ``[B]``,
     ``rejected`` ``[B]``: a child was tried and none stood); no host synchronisation."""
     from . import rng
 
-    B, N1, V = probs.shape
+    B, M, V = probs.shape
     batch = torch.arange(B, device=probs.device)
-    cur = torch.zeros(B, dtype=torch.long, device=probs.device)
+    cur = root.clone()
     moving = torch.ones(B, dtype=torch.bool, device=probs.device)
     path, counts = [cur], torch.ones(B, dtype=torch.long, device=probs.device)
     rejected = torch.zeros(B, dtype=torch.bool, device=probs.device)

@@ -88,20 +88,40 @@ def test_static_tree_shapes(tmp_path):
     with pytest.raises(ConfigError, match=r"path \[0, 0, 1\] is listed without its parent \[0, 0\]"):
         static_shape(str(f), 99, 9, 9)
     with pytest.raises(ConfigError, match="tree_choices"):
-        decoder(FeaturedTabularAdapter(seed=3), tabular_head(), mode="sjd", tree="static",
+        decoder(FeaturedTabularAdapter(seed=3), tabular_head(), mode="sjd", tree="static", tree_top_k=3,
                 tree_choices=str(tmp_path / "missing.json"))
 
 
-def test_trees_are_verified_every_step():
-    with pytest.raises(ConfigError, match="draft trees are verified at every step"):
-        decoder(FeaturedTabularAdapter(seed=3), tabular_head(), mode="sjd", schedule="uniform", tree="dynamic")
+@pytest.mark.parametrize("schedule", ["uniform", "similarity"])
+def test_vvs_skipping_on_draft_trees_commits_tree_paths_and_post_verifies_them(schedule, tmp_path):
+    # VVS on a drafter's tree: skipped steps commit a path of the tree unverified, the
+    # next forward prepends those tokens (and they stand); the image still does not
+    # depend on its batch (a batch skips together: the samples here skip alike)
+    from spec_ar.loaders import llamagen
+    from spec_ar.loaders.detect import load_drafter
+
+    from .checkpoints import random_gpt, tiny_gpt_spec, write_gpt, write_lantern_head, write_t5, write_vq
+
+    gpt = write_gpt(tmp_path / "t2i.pt", random_gpt(tiny_gpt_spec("t2i", cond_tokens=120), seed=1))
+    model = llamagen.load(gpt, write_vq(tmp_path / "vq.pt"), write_t5(tmp_path / "t5"), resolution=256)
+    source = load_drafter(write_lantern_head(tmp_path / "head", hidden=128, heads=2, vocab=1024), model)
+    extra = dict(skip_interval=2) if schedule == "uniform" else dict(skip_threshold=-1.0)  # always similar enough
+    config = DecodeConfig(mode="lantern", lantern_k=50, schedule=schedule, tree="dynamic", depth=3, tree_top_k=8,
+                          tree_tokens=24, **extra)
+    dec = SpeculativeDecoder(model.adapter, config, drafter=source)
+    result = dec.generate(["a cat", "a dog on a hill"], seeds=[4, 5])
+    for r in result.reports:
+        skipped = r.origin_counts()["committed without verification (VVS skip)"]
+        assert r.tokens == 256 and skipped > 0 and r.nfe < 256
+    # each skip alternates with a verified step, and the skipped tokens were verified after
+    assert torch.equal(dec.generate(["a cat", "a dog on a hill"], seeds=[4, 5]).tokens, result.tokens)
 
 
 def test_a_head_that_proposes_every_token_has_every_tree_level_accepted():
     # a tree holding every token at every level: whatever the target draws, a child
     # matches, so each forward commits the tree's depth and the bonus
     target = FeaturedTabularAdapter(seed=3)
-    dec = decoder(target, tabular_head(4), mode="sjd", top_k=None, tree="dynamic", depth=3, tree_top_k=5,
+    dec = decoder(target, tabular_head(4), mode="sjd", top_k=None, tree="dynamic", depth=3, tree_top_k=4,
                   tree_tokens=200)
     for r in dec.generate([1] * 16, seeds=3).reports:
         assert r.origin_counts()["resampled after a rejection"] == 0 and r.nfe == 2

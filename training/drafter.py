@@ -302,7 +302,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data-batch", type=int, default=32)
     ap.add_argument("--sample-mode", choices=("ar", "sjd"), default="ar", help="how the target draws them")
     ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=1800)
     ap.add_argument("--batch", type=int, default=16, help="images per training step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--cfg-loss", type=float, default=0.1, help="weight of the guidance-mixed token loss")
