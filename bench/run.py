@@ -221,9 +221,10 @@ def _drafter_twins(runs) -> list:
     with it."""
     twins, seen = [], set()
     for label, c in runs:
-        if not c.drafts or (_reads(c, "jacobi") and not _reads(c, "drafter")) or c.label() in seen:
+        key = dataclasses.replace(c, drafter="drafter").label()  # the draft model's knobs in it
+        if not c.drafts or (_reads(c, "jacobi") and not _reads(c, "drafter")) or key in seen:
             continue
-        seen.add(c.label())
+        seen.add(key)
         twins.append((f"{label} + drafter", c))
     return twins
 

@@ -398,28 +398,16 @@ class SpeculativeDecoder:
         """VVS on a tree (sec. 4.2): commit one root-to-leaf path, chosen uniformly
         among the tree's, truncated to the tree's mean path length; the next forward
         verifies after it (post-verification)."""
-        from .tree import children, depths
+        from .tree import leaf_paths
 
-        B, N = tokens.shape
-        T = st.length
-        depth = depths(parents)
-        full = torch.cat([torch.full((B, 1), -1, device=parents.device), torch.where(parents >= 0, parents + 1, 0)], 1)
-        kids = children(full, torch.cat([torch.ones_like(valid[:, :1]), valid], 1))
-        leaf = valid & (kids[:, 1:, 0] < 0)
-        mean_len = torch.floor((leaf * (depth + 1)).sum(1) / leaf.sum(1).clamp(min=1)).long()
-        u = rng.uniform(st.keys, st.step, rng.PATHS, st.n_committed.unsqueeze(1)).squeeze(1)
-        pick = (u * leaf.sum(1)).long().clamp(max=(leaf.sum(1) - 1).clamp(min=0))  # the pick-th leaf
-        node = ((leaf.cumsum(1) - 1 == pick.unsqueeze(1)) & leaf).int().argmax(1)
-        path = torch.full((B, N), -1, dtype=torch.long, device=tokens.device)
-        for _ in range(int(depth.max()) + 1):  # climb from the leaf: its ancestors by depth
-            at = depth.gather(1, node.unsqueeze(1))
-            path.scatter_(1, at, node.unsqueeze(1))
-            up = parents.gather(1, node.unsqueeze(1)).squeeze(1)
-            node = torch.where(up >= 0, up, node)
-        m = torch.minimum(mean_len, (path >= 0).sum(1)) * leaf.any(1)
-        m = torch.minimum(m, (T - st.n_committed).clamp(min=0))
-        pos = st.n_committed.unsqueeze(1) + st.arange(N)
-        take = st.arange(N).unsqueeze(0) < m.unsqueeze(1)
+        u = rng.uniform(st.keys, st.step, rng.PATHS, st.n_committed.unsqueeze(1))
+        paths, mean = leaf_paths(parents, valid, u)
+        path = paths[:, 0]  # [B, D]
+        m = torch.minimum(torch.floor(mean).long(), (path >= 0).sum(1))
+        m = torch.minimum(m, (st.length - st.n_committed).clamp(min=0))
+        D = path.shape[1]
+        pos = st.n_committed.unsqueeze(1) + st.arange(D)
+        take = st.arange(D).unsqueeze(0) < m.unsqueeze(1)
         st.seq.scatter_(1, torch.where(take, pos, st.scratch), tokens.gather(1, path.clamp(min=0)))
         st.log.append(("S", st.n_committed, st.n_committed + m, m > 0, None))
         st.n_committed = st.n_committed + m

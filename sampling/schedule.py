@@ -73,7 +73,12 @@ class SimilaritySkip:
         depth-weighted similarity), for every sample that has a tree."""
         if st.verified_since_skip < 1:
             return None
-        paths, D = tree_paths(st, tokens, parents, valid, self.paths)
+        from .tree import leaf_paths
+
+        u = torch.stack([rng.uniform(st.keys, st.step, rng.PATHS + i, st.n_committed) for i in range(self.paths)], 1)
+        nodes = leaf_paths(parents, valid, u)[0].transpose(1, 2)  # [B, D, P]
+        D = nodes.shape[1]
+        paths = torch.where(nodes >= 0, tokens.gather(1, nodes.clamp(min=0).flatten(1)).view_as(nodes), -1)
         vec = torch.nn.functional.normalize(self.geometry.vec(paths.clamp(min=0)), dim=-1)  # [B, D, P, E]
         gram = vec @ vec.transpose(-1, -2)
         n = self.paths
@@ -96,31 +101,6 @@ class SimilaritySkip:
         free = st.forced_at[pos] < 0
         w = (self.alpha ** depth_idx.float()) * ((depth_idx.unsqueeze(0) < m.unsqueeze(1)) & free)
         return (w * pair_mean).sum(1) / w.sum(1).clamp(min=1e-12)
-
-
-def tree_paths(st, tokens, parents, valid, paths: int):
-    """``[B, D, P]`` tokens of ``paths`` root-to-leaf paths per sample, leaves drawn
-    uniformly (with replacement), by depth (``-1`` past a path's leaf), and ``D``."""
-    from .tree import depths
-
-    B, N = tokens.shape
-    depth = depths(parents)
-    is_parent = torch.zeros_like(valid)
-    is_parent.scatter_(1, parents.clamp(min=0), (parents >= 0) & valid)
-    leaf = valid & ~is_parent
-    count = leaf.sum(1, keepdim=True)
-    u = torch.stack([rng.uniform(st.keys, st.step, rng.PATHS + i, st.n_committed) for i in range(paths)], 1)
-    pick = (u * count).long().clamp(max=(count - 1).clamp(min=0))  # [B, P]: the pick-th leaf
-    rank = leaf.cumsum(1) - 1
-    node = ((rank.unsqueeze(1) == pick.unsqueeze(2)) & leaf.unsqueeze(1)).int().argmax(2)  # [B, P]
-    D = int(depth.max()) + 1
-    out = torch.full((B, D, paths), -1, dtype=torch.long, device=tokens.device)
-    for _ in range(D):  # climb: each path's node at its depth, then its parent
-        d = depth.gather(1, node)
-        out.scatter_(1, d.unsqueeze(1), tokens.gather(1, node).unsqueeze(1))
-        up = parents.gather(1, node)
-        node = torch.where(up >= 0, up, node)
-    return out, D
 
 
 def make_schedule(name: str, config, geometry):

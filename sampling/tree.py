@@ -78,6 +78,28 @@ def children(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return out[:, :M]
 
 
+def leaf_paths(parents: torch.Tensor, valid: torch.Tensor, u: torch.Tensor):
+    """Root-to-leaf paths of the valid nodes, one per uniform in ``u`` ``[B, P]``
+    (leaves drawn uniformly, with replacement): ``[B, P, D]`` node indices by
+    depth (``-1`` past the leaf), and the mean path length over all leaves ``[B]``."""
+    B, N = parents.shape
+    depth = depths(parents)
+    is_parent = torch.zeros_like(valid)
+    is_parent.scatter_(1, parents.clamp(min=0), (parents >= 0) & valid)
+    leaf = valid & ~is_parent
+    count = leaf.sum(1, keepdim=True)
+    mean = (leaf * (depth + 1)).sum(1) / count.squeeze(1).clamp(min=1)
+    pick = (u * count).long().clamp(max=(count - 1).clamp(min=0))  # the pick-th leaf
+    node = (((leaf.cumsum(1) - 1).unsqueeze(1) == pick.unsqueeze(2)) & leaf.unsqueeze(1)).int().argmax(2)
+    D = int(depth.max()) + 1
+    out = torch.full((B, u.shape[1], D), -1, dtype=torch.long, device=parents.device)
+    for _ in range(D):  # climb: each path's node at its depth, then its parent
+        out.scatter_(2, depth.gather(1, node).unsqueeze(2), node.unsqueeze(2))
+        up = parents.gather(1, node)
+        node = torch.where(up >= 0, up, node)
+    return torch.where(count.unsqueeze(2) > 0, out, -1), mean
+
+
 def accept_path(probs, tokens, kids, root, rule, u_coin, u_draw, levels: int, exact: bool):
     """Walk a verified tree from node ``root`` ``[B]``.  ``probs`` ``[B, M, V]``: the
     target's distribution after each node; ``tokens`` ``[B, M]``; ``kids`` from
