@@ -189,12 +189,16 @@ def test_mode_comparison_graph_tabulates_and_plots(server):
 
 
 def test_the_embedded_model_drafts_with_its_head_from_the_node(server):
-    entry = server.run(_api("embedded_t2i_drafter"))
+    workflow = _api("embedded_t2i_drafter")
+    samplers = [k for k, v in workflow.items() if v["class_type"] == "SpecAR_Sampler"]
+    for i, node in enumerate(samplers):  # each sampler's own report, beside the table
+        workflow[f"report_{i}"] = {"class_type": "PreviewAny", "inputs": {"source": [node, 1]}}
+    entry = server.run(workflow)
     assert entry["status"]["status_str"] == "success", _failure(entry)
-    report = "".join(_outputs(entry, "text"))
-    assert report.count("drafts from draft head for embedded") >= 2, report  # both samplers, in the table too
-    for label in ("| sjd depth=", "| lantern depth="):
-        assert label in report, report
+    text = "".join(_outputs(entry, "text"))
+    assert text.count("drafts from embedded drafter (") == 2, text  # each sampler's report
+    for label in ("| sjd depth=4 ", "| lantern depth=4 "):  # the table names the drafted settings
+        assert label in text, text
     # the head on an ar sampler: one clear error naming the input
     workflow = _with("embedded_t2i_drafter", "SpecAR_Sampler", mode="ar")
     err = error_of(server.run(workflow)) or {}

@@ -84,6 +84,18 @@ def render(server, name: str, api: dict) -> Image.Image:
     img = Image.new("RGB", (SIZE, SIZE), BACKGROUND)
     d = ImageDraw.Draw(img)
     samplers = by_class.get("SpecAR_Sampler", [])
+    if len(samplers) > 1 and "SpecAR_ReportPlot" not in by_class:  # two samplers side by side
+        previews = by_class["PreviewImage"]
+        side = (SIZE - 16 * (len(previews) + 1)) // len(previews)
+        for i, node_id in enumerate(previews):
+            source = api[node_id]["inputs"]["images"][0]
+            inputs = api[source]["inputs"]
+            x = 16 + i * (side + 16)
+            img.paste(_tile(_view(server, _outputs(entry, node_id)["images"][0]), side), (x, 96))
+            d.text((x, 48), inputs["mode"], font=_font(28), fill=INK)
+            if "drafter" in inputs:
+                d.text((x, 96 + side + 16), "on the draft head", font=_font(22), fill=MUTED)
+        return img
     if len(samplers) > 1:  # the comparison: each mode's picture, and the report plot
         previews = by_class["PreviewImage"]
         for i, node_id in enumerate(previews):
