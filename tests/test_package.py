@@ -80,3 +80,18 @@ def test_the_engine_knows_no_family():
 def test_installed_name_is_spec_ar():
     assert importlib.util.find_spec("spec_ar") is not None
     assert importlib.util.find_spec("spec_ar.sampling") is not None
+
+
+def test_a_non_editable_install_carries_every_module_and_shipped_file():
+    import fnmatch
+    import tomllib
+
+    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setup["packages"])
+    for init in ROOT.glob("*/__init__.py"):
+        if init.parent.name != "tests":
+            assert f"spec_ar.{init.parent.name}" in listed, f"{init.parent.name}/ is missing from pyproject's packages"
+    patterns = setup["package-data"]["spec_ar"]
+    shipped = [p.relative_to(ROOT).as_posix() for p in (ROOT / "embedded" / "weights").rglob("*") if p.is_file()]
+    assert shipped and all(any(fnmatch.fnmatchcase(f, pat) and f.count("/") == pat.count("/") for pat in patterns)
+                           for f in shipped), (shipped, patterns)
