@@ -135,7 +135,7 @@ class JacobiDrafts:
         st.seq.scatter_(1, pos, torch.where(tail, new, old))
         # the pass's rows become the q of the new drafts; committed positions keep
         # theirs too: sample-left/above draw from them
-        st.ring[st.batch_idx, pos % st.ring_size] = probs
+        st.put_rows(st.ring, pos % st.ring_size, probs)
         end = pos[:, -1] + 1
         st.draft_end = torch.maximum(st.draft_end, end)
         st.informed_end = torch.maximum(st.informed_end, end)
@@ -170,9 +170,9 @@ class JacobiDrafts:
             # the common case, in few ops: every sample has a free position left of
             # ``start``, and its new positions all draw from that position's row
             src = st.prev_free[start - 1].unsqueeze(1)
-            rows = st.ring[st.batch_idx, src % st.ring_size]  # [B, 1, V]
+            rows = st.rows(st.ring, src % st.ring_size, "init")  # [B, 1, V]
             tok = rng.categorical(rows.squeeze(1), u)
-            st.ring[st.batch_idx, slot] = rows
+            st.put_rows(st.ring, slot, rows)
         else:
             tok = self._initial(st, start, pos, u, slot)
         if st.any_forced:
@@ -190,18 +190,18 @@ class JacobiDrafts:
             stride = st.layout.row_stride
             src = pos - stride * torch.div(pos - start.unsqueeze(1) + stride, stride, rounding_mode="floor")
         else:
-            st.ring[st.batch_idx, slot] = 0.0
+            st.fill_rows(st.ring, slot, 0.0)
             st.ring[st.batch_idx, slot, random] = 1.0
             return random
         has_src = src >= 0
         srcc = src.clamp(min=0)
         if self.init.startswith("sample"):
-            rows = st.ring[st.batch_idx, srcc % st.ring_size]  # [B, n, V]
+            rows = st.rows(st.ring, srcc % st.ring_size, "init")  # [B, n, V]
             tok = torch.where(has_src, rng.categorical(rows, u.unsqueeze(-1)).squeeze(-1), random)
-            st.ring[st.batch_idx, slot] = torch.where(has_src.unsqueeze(-1), rows, 0.0)
+            st.put_rows(st.ring, slot, torch.where(has_src.unsqueeze(-1), rows, 0.0))
             st.ring[st.batch_idx, slot, tok] = torch.where(has_src, st.ring[st.batch_idx, slot, tok], 1.0)
             return tok
         tok = torch.where(has_src, st.seq.gather(1, srcc), random)
-        st.ring[st.batch_idx, slot] = 0.0
+        st.fill_rows(st.ring, slot, 0.0)
         st.ring[st.batch_idx, slot, tok] = 1.0
         return tok

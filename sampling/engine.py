@@ -343,7 +343,7 @@ class SpeculativeDecoder:
             # the first rejection resamples from the rule's residual (same uniform)
             row = passed.clamp(max=tested - 1).unsqueeze(1)
             p_row = probs[st.batch_idx, row].squeeze(1)
-            q_row = st.ring[st.batch_idx, slots.gather(1, row)].squeeze(1)
+            q_row = st.rows(st.ring, slots.gather(1, row), "q_row").squeeze(1)
             res = self.rule.residual(p_row, q_row, inp.gather(1, row + 1).squeeze(1))
             # p and q equal to float precision leave no residual mass: fall back to p
             res = torch.where(res.sum(-1, keepdim=True) > 0, res, p_row)
@@ -491,7 +491,7 @@ class SpeculativeDecoder:
         B, L, V = probs.shape
         redo = had & ~stays
         if probs.is_cuda or redo.numel() * V <= DENSE_RESIDUAL:
-            res = st.ring[st.batch_idx, slots]
+            res = st.rows(st.ring, slots, "residual")
             torch.sub(probs, res, out=res).clamp_(min=0.0)
             res = torch.where((redo & (res.sum(-1) > 0)).unsqueeze(-1), res, probs)
             drawn = rng.categorical(res, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)

@@ -145,7 +145,7 @@ class HeadDrafts:
                               st.seq.gather(1, pos.clamp(max=st.seq.shape[1] - 1)))
             valid = drafting & (pos < stop.unsqueeze(1))
             st.seq.scatter_(1, torch.where(valid, pos, st.scratch), tok)
-            st.ring[st.batch_idx, torch.where(valid, pos % st.ring_size, st.ring_size)] = q
+            st.put_rows(st.ring, torch.where(valid, pos % st.ring_size, st.ring_size), q)
             pos = pos + 1
         st.informed_end = torch.maximum(st.informed_end, stop)
 

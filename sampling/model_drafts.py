@@ -103,7 +103,7 @@ class ModelDrafts:
             tok = rng.categorical(q, u.unsqueeze(-1)).view(B, 1)
             valid = pos < stop.unsqueeze(1)
             st.seq.scatter_(1, torch.where(valid, pos, st.scratch), tok)
-            st.ring[st.batch_idx, torch.where(valid, pos % st.ring_size, st.ring_size)] = q
+            st.put_rows(st.ring, torch.where(valid, pos % st.ring_size, st.ring_size), q)
             pos = pos + 1
         st.informed_end = torch.maximum(st.informed_end, stop)
 

@@ -90,7 +90,7 @@ class SimilaritySkip:
 
     def similarity(self, st, depth: int, m: torch.Tensor) -> torch.Tensor:
         pos = st.n_committed.unsqueeze(1) + torch.arange(depth, device=m.device)  # [B, D]
-        rows = st.ring[st.batch_idx, pos % st.ring_size]  # [B, D, V] draft distributions
+        rows = st.rows(st.ring, pos % st.ring_size, "similarity")  # [B, D, V] draft distributions
         u = torch.stack([rng.uniform(st.keys, st.step, rng.PATHS + i, pos) for i in range(self.paths - 1)], -1)
         paths = torch.cat([st.seq.gather(1, pos).unsqueeze(-1), rng.categorical(rows, u)], -1)  # [B, D, P]
         vec = torch.nn.functional.normalize(self.geometry.vec(paths), dim=-1)  # [B, D, P, E]

@@ -133,19 +133,38 @@ class DecodeState:
         cost page faults on every step)."""
         n = self.batch * rows * self.vocab
         buf = self.buffers.get(name)
-        if buf is None or buf.numel() < n:  # a window's rows at least (a draft tree's may be more)
-            buf = self.buffers[name] = torch.empty(max(n, self.batch * self.max_window * self.vocab),
-                                                   device=self.n_cached.device)
+        if buf is None or buf.numel() < n:  # a window's rows at least (a draft tree's may be more); one row: one
+            least = self.batch * self.max_window * self.vocab if rows > 1 else n
+            buf = self.buffers[name] = torch.empty(max(n, least), device=self.n_cached.device)
         return buf[:n].view(self.batch, rows, self.vocab)
+
+    # Whole rows of a ring go through index_select / index_copy_ on its flat view,
+    # not ``ring[batch_idx, slots]``: advanced indexing of rows is parallelised by
+    # OpenMP on the CPU, and on a busy machine one such call can wait milliseconds
+    # for a descheduled thread (measured: 16 us typical, up to 8 ms with another
+    # job on the cores); these stay on one thread at a window's sizes.
 
     def rows(self, ring: torch.Tensor, slots: torch.Tensor, name: str) -> torch.Tensor:
         """``ring[b, slots[b]]`` for every sample, ``[B, n, V]``, into the reusable
         buffer ``name`` (one copy, no allocation)."""
         B, R, V = ring.shape
         out = self.buffer(name, slots.shape[1])
-        flat = (self.batch_idx * R + slots).view(-1)
-        torch.index_select(ring.view(B * R, V), 0, flat, out=out.view(-1, V))
+        torch.index_select(ring.view(B * R, V), 0, self._flat(ring, slots), out=out.view(-1, V))
         return out
+
+    def put_rows(self, ring: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """``ring[b, slots[b]] = values[b]`` (``values`` ``[B, n, V]``, or ``[B, 1, V]``
+        for every slot); slots must be distinct but for the scratch slot."""
+        B, R, V = ring.shape
+        ring.view(B * R, V).index_copy_(0, self._flat(ring, slots), values.expand(B, slots.shape[1], V).reshape(-1, V))
+
+    def fill_rows(self, ring: torch.Tensor, slots: torch.Tensor, value: float) -> None:
+        """``ring[b, slots[b]] = value``."""
+        B, R, V = ring.shape
+        ring.view(B * R, V).index_fill_(0, self._flat(ring, slots), value)
+
+    def _flat(self, ring: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        return (self.batch_idx * ring.shape[1] + slots).view(-1)
 
     def arange(self, n: int) -> torch.Tensor:
         if n not in self.aranges:
