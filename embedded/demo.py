@@ -140,10 +140,9 @@ def markdown(res: dict, modes) -> str:
               "error of an adherence rate over 8 images is about 15 points); `spec-ar evaluate` and `spec-ar bench` "
               "measure them on hundreds of prompts against the noise floor."]
     if "vvs" in modes:
-        lines += ["", "`vvs` here skips verifications on Jacobi drafts, an approximation of VVS (the paper skips on "
-                      "a draft model's paths: `--drafter`). Measured on 200 prompts (docs/benchmarks.md, draft "
-                      "models): FD to `ar` 60.7 on Jacobi drafts against 37.7 on the shipped draft head, noise floor "
-                      "34.1."]
+        from ..sampling.config import VVS_ON_JACOBI
+
+        lines += ["", f"`vvs` here runs without a draft model. {VVS_ON_JACOBI} (200 prompts, docs/benchmarks.md)."]
     u = res.get("uncertainty")
     if u:
         lines += ["", f"Next-token uncertainty (AR run, default sampling): {u['top1_below_0.5']:.0%} of "

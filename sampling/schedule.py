@@ -77,29 +77,27 @@ class SimilaritySkip:
 
         u = torch.stack([rng.uniform(st.keys, st.step, rng.PATHS + i, st.n_committed) for i in range(self.paths)], 1)
         nodes = leaf_paths(parents, valid, u)[0].transpose(1, 2)  # [B, D, P]
-        D = nodes.shape[1]
         paths = torch.where(nodes >= 0, tokens.gather(1, nodes.clamp(min=0).flatten(1)).view_as(nodes), -1)
-        vec = torch.nn.functional.normalize(self.geometry.vec(paths.clamp(min=0)), dim=-1)  # [B, D, P, E]
-        gram = vec @ vec.transpose(-1, -2)
-        n = self.paths
-        pair_mean = (gram.sum((-1, -2)) - n) / (n * (n - 1))
-        w = (self.alpha ** torch.arange(D, device=tokens.device).float()) * (paths >= 0).all(-1)
-        score = (w * pair_mean).sum(1) / w.sum(1).clamp(min=1e-12)
-        has = valid.any(1)
-        return ~has | (score >= self.threshold)
+        score = self._score(paths.clamp(min=0), (paths >= 0).all(-1))  # depths every drawn path reaches
+        return ~valid.any(1) | (score >= self.threshold)
 
     def similarity(self, st, depth: int, m: torch.Tensor) -> torch.Tensor:
         pos = st.n_committed.unsqueeze(1) + torch.arange(depth, device=m.device)  # [B, D]
         rows = st.rows(st.ring, pos % st.ring_size, "similarity")  # [B, D, V] draft distributions
         u = torch.stack([rng.uniform(st.keys, st.step, rng.PATHS + i, pos) for i in range(self.paths - 1)], -1)
         paths = torch.cat([st.seq.gather(1, pos).unsqueeze(-1), rng.categorical(rows, u)], -1)  # [B, D, P]
+        depth_idx = torch.arange(depth, device=m.device)
+        return self._score(paths, (depth_idx.unsqueeze(0) < m.unsqueeze(1)) & (st.forced_at[pos] < 0))
+
+    def _score(self, paths: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+        """``sum_l w_l S_l / sum_l w_l`` per sample: ``S_l`` the mean cosine similarity
+        over distinct pairs of the ``paths`` ``[B, D, P]`` tokens' codebook vectors at
+        depth ``l``, ``w_l = alpha^l`` where ``counted`` ``[B, D]``, else 0."""
         vec = torch.nn.functional.normalize(self.geometry.vec(paths), dim=-1)  # [B, D, P, E]
         gram = vec @ vec.transpose(-1, -2)  # [B, D, P, P]
         n = self.paths
         pair_mean = (gram.sum((-1, -2)) - n) / (n * (n - 1))  # mean over distinct pairs
-        depth_idx = torch.arange(depth, device=m.device)
-        free = st.forced_at[pos] < 0
-        w = (self.alpha ** depth_idx.float()) * ((depth_idx.unsqueeze(0) < m.unsqueeze(1)) & free)
+        w = (self.alpha ** torch.arange(paths.shape[1], device=paths.device).float()) * counted
         return (w * pair_mean).sum(1) / w.sum(1).clamp(min=1e-12)
 
 

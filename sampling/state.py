@@ -133,7 +133,7 @@ class DecodeState:
         cost page faults on every step)."""
         n = self.batch * rows * self.vocab
         buf = self.buffers.get(name)
-        if buf is None or buf.numel() < n:  # a window's rows at least (a draft tree's may be more); one row: one
+        if buf is None or buf.numel() < n:  # a window's rows at least (a draft tree's may be more), one row as one
             least = self.batch * self.max_window * self.vocab if rows > 1 else n
             buf = self.buffers[name] = torch.empty(max(n, least), device=self.n_cached.device)
         return buf[:n].view(self.batch, rows, self.vocab)
