@@ -204,7 +204,9 @@ def _dispatch(argv: list[str]) -> int:
     render.add_argument("--drafter", help="drafts instead of Jacobi self-drafting: a draft head folder (LANTERN's "
                                           "released drafters, or spec-ar train-drafter's), or a smaller sibling "
                                           "model with the same image codebook and grid as --model, e.g. LlamaGen-B "
-                                          "for LlamaGen-XL c2i, Janus-Pro-1B for Janus-Pro-7B")
+                                          "for LlamaGen-XL c2i, Janus-Pro-1B for Janus-Pro-7B; for the embedded "
+                                          "model 'embedded' (its draft head) or 'embedded-sibling' (its two-layer "
+                                          "sibling)")
     render.add_argument("--prompt", help="text prompt")
     render.add_argument("--negative-prompt", help="negative prompt (Emu3; default: the reference's)")
     render.add_argument("--class-id", type=int, help="class id (class-conditional models)")

@@ -243,7 +243,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few steps of each stage (to check the pipeline)")
     ap.add_argument("--decoder-only", metavar="FOLDER",
                     help="only the decoder stage, on a model folder trained before it existed (written to --out)")
+    ap.add_argument("--sibling", metavar="FOLDER",
+                    help="a smaller sibling of the model in FOLDER, to draft for it: the same data, tokenizer and "
+                         "codes, a GPT of --layers layers with its own text encoder (written to --out)")
+    ap.add_argument("--layers", type=int, default=2, help="the sibling's GPT layers (with --sibling)")
     args = ap.parse_args(argv)
+    if args.sibling:
+        sibling(pathlib.Path(args.sibling), pathlib.Path(args.out), layers=args.layers, quick=args.quick)
+        return 0
     r = Recipe(seed=args.seed)
     if args.quick:
         r = Recipe(seed=args.seed, images=512, vq_steps=5, gpt_steps=5, judge_images=512, judge_epochs=1,
@@ -281,4 +288,31 @@ def decoder_only(folder: pathlib.Path, out: pathlib.Path, quick: bool = False, l
     if (folder / "judge.safetensors").is_file() and folder.resolve() != out.resolve():
         shutil.copy(folder / "judge.safetensors", out / "judge.safetensors")
     log(f"wrote {out}/config.json and model.safetensors (decoder stage: {stats['decoder_minutes']} min)")
+    return stats
+
+
+def sibling(folder: pathlib.Path, out: pathlib.Path, layers: int = 2, quick: bool = False, log=print) -> dict:
+    """A sibling of the model in ``folder`` that can draft for it: the folder's recipe,
+    data and tokenizer (so the same codes), a GPT of ``layers`` layers and its own
+    text encoder trained as in :func:`run`.  Written as a model folder of its own."""
+    import shutil
+
+    from ..loaders import embedded
+    from . import domain
+
+    model = embedded.load(folder)
+    config = json.loads((folder / "config.json").read_text())
+    r = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["recipe"].items()})
+    r = Recipe(**{**asdict(r), "layers": layers, **({"images": 512, "gpt_steps": 5} if quick else {})})
+    t0 = time.perf_counter()
+    images, _, captions, _ = domain.make_dataset(r.images, seed=r.seed, size=r.size, drop=r.drop, coverage=True)
+    vq = model.modules["vq"].float()
+    with torch.no_grad():
+        codes = encode_dataset(vq, images)
+    gpt, text = train_gpt(r, codes, captions, domain.VOCABULARY, log)
+    stats = {"sibling_of": config.get("training", {}), "gpt_minutes": round((time.perf_counter() - t0) / 60, 2)}
+    save(out, r, vq, gpt, text, stats)
+    if (folder / "judge.safetensors").is_file():
+        shutil.copy(folder / "judge.safetensors", out / "judge.safetensors")
+    log(f"wrote {out}/config.json and model.safetensors ({layers}-layer sibling: {stats['gpt_minutes']} min)")
     return stats

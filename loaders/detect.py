@@ -79,7 +79,8 @@ def load_drafter(path, target, text_encoder=None, device="cpu", dtype=torch.floa
     """A draft source for ``target`` (a :class:`~.base.LoadedModel`) from ``path``: a
     draft head folder (LANTERN's or ``spec-ar train-drafter``'s), or a sibling model
     with the same family grammar, image codebook and grid, loaded at the target's
-    resolution; ``embedded``: the embedded model's shipped head.  Refused with one
+    resolution; ``embedded``: the embedded model's shipped head, ``embedded-sibling``
+    its shipped two-layer sibling.  Refused with one
     clear error (naming ``option``) when it cannot draft for the target."""
     from ..sampling import ConfigError, HeadDrafts
     from ..sampling.model_drafts import ModelDrafts
@@ -90,6 +91,11 @@ def load_drafter(path, target, text_encoder=None, device="cpu", dtype=torch.floa
         if not draft_head.is_draft_head(path):
             raise CheckpointError(f"{option} embedded: the embedded model's draft head is missing ({path}); "
                                   "train it with spec-ar train-drafter --model embedded")
+    if str(path) == "embedded-sibling":  # the shipped model's smaller sibling
+        path = embedded.SIBLING
+        if not embedded.is_embedded(path):
+            raise CheckpointError(f"{option} embedded-sibling: the embedded model's sibling is missing ({path}); "
+                                  "train it with spec-ar train-embedded --sibling embedded/weights --out " + str(path))
     if draft_head.is_draft_head(path):
         drafts = HeadDrafts(draft_head.load_head(path, device, dtype))
         try:

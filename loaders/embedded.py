@@ -20,6 +20,8 @@ from .llamagen import GPTSpec, LlamaGenAdapter, LlamaGenGPT
 FOLDER = pathlib.Path(__file__).resolve().parent.parent / "embedded" / "weights"
 #: its draft head (``spec-ar train-drafter``), which ``--drafter embedded`` selects
 DRAFTER = FOLDER / "drafter"
+#: its smaller sibling (``spec-ar train-embedded --sibling``), which ``--drafter embedded-sibling`` selects
+SIBLING = FOLDER / "sibling"
 FORMAT = "spec_ar-embedded"
 
 

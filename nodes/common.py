@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 EMBEDDED = "embedded (ships with the pack)"
 EMBEDDED_DRAFTER = "embedded drafter (ships with the pack)"
+EMBEDDED_SIBLING = "embedded sibling (ships with the pack)"
 BUILT_IN = "built-in (from the model)"
 NO_FILE = "(none: use the text box)"
 MODEL_SUFFIXES = (".pt", ".pth", ".safetensors", ".ckpt", ".bin")

@@ -165,6 +165,10 @@ class LoadVQDecoder(io.ComfyNode):
         return io.NodeOutput(VQHandle(decoder.decode, path.name, decoder.bytes_per_image, str(device)))
 
 
+#: the drafters that ship with the pack, by combo entry: load_drafter's keyword for each
+SHIPPED_DRAFTERS = {common.EMBEDDED_DRAFTER: "embedded", common.EMBEDDED_SIBLING: "embedded-sibling"}
+
+
 class LoadDrafter(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -174,10 +178,11 @@ class LoadDrafter(io.ComfyNode):
                         "head (LANTERN's released drafters, or one made by spec-ar train-drafter) or a smaller "
                         "sibling of the model with the same codebook and grid. Checked against the model here.",
             inputs=[
-                io.Combo.Input("drafter", options=[common.EMBEDDED_DRAFTER] + common.list_models(folders()),
+                io.Combo.Input("drafter", options=list(SHIPPED_DRAFTERS) + common.list_models(folders()),
                                default=common.EMBEDDED_DRAFTER,
                                tooltip="A draft head folder (config.json + weights) or a model in models/spec_ar; "
-                                       "the embedded model's own head ships with the pack."),
+                                       "the embedded model's own head and a smaller sibling of it (two layers "
+                                       "in place of six) ship with the pack."),
                 ARModel.Input("model", tooltip="The model it drafts for (from Load AR Image Model)."),
             ],
             outputs=[Drafter.Output(display_name="drafter", tooltip="For the sampler's drafter input.")],
@@ -185,7 +190,7 @@ class LoadDrafter(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, drafter=None, model=None):
-        if drafter not in (None, common.EMBEDDED_DRAFTER):
+        if drafter is not None and drafter not in SHIPPED_DRAFTERS:
             try:
                 common.resolve_model(drafter, folders())
             except FileNotFoundError as err:
@@ -197,5 +202,5 @@ class LoadDrafter(io.ComfyNode):
         from ..loaders.detect import load_drafter
 
         loaded = model.loaded
-        path = "embedded" if drafter == common.EMBEDDED_DRAFTER else str(common.resolve_model(drafter, folders()))
+        path = SHIPPED_DRAFTERS.get(drafter) or str(common.resolve_model(drafter, folders()))
         return io.NodeOutput(load_drafter(path, loaded, None, loaded.device, loaded.dtype, option="drafter"))

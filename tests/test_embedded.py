@@ -1,10 +1,12 @@
 """The embedded model: its text encoder, files, loader, training pipeline and demo."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
 import pytest
+import torch
 
 from spec_ar.embedded import domain, train
 from spec_ar.embedded.recipe import Recipe
@@ -83,3 +85,29 @@ def test_render_and_demo_with_the_embedded_model(weights, tmp_path, capsys):
 def test_embedded_keyword_points_at_the_shipped_folder():
     hit = detect("embedded")
     assert hit.family == "embedded" and pathlib.Path(hit.path) == embedded.FOLDER
+
+
+def test_a_sibling_trained_on_the_models_codes_drafts_for_it(weights, tmp_path):
+    """``--sibling``: the same tokenizer and codes, a GPT of other depth, a folder the
+    loader reads; it drafts for the model, and a sibling of another codebook is refused."""
+    from spec_ar.loaders.detect import load_drafter
+    from spec_ar.sampling import ConfigError
+
+    out = tmp_path / "sibling"
+    assert train.main(["--sibling", str(weights), "--out", str(out), "--layers", "2", "--quick"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["recipe"]["layers"] == 2 and config["recipe"]["vq_steps"] == TINY.vq_steps
+    target = embedded.load(weights)
+    sibling = embedded.load(out)
+    assert len(sibling.modules["gpt"].layers) == 2
+    for (k, a), b in zip(target.modules["vq"].state_dict().items(), sibling.modules["vq"].state_dict().values()):
+        assert torch.equal(a, b), k  # the very same tokenizer
+    drafts = load_drafter(str(out), target)
+    res = SpeculativeDecoder(target.adapter, DecodeConfig(mode="sjd", depth=3), drafter=drafts).generate(
+        ["a red circle", "a blue star"], seeds=[0, 1])
+    assert res.reports[0].drafter == "embedded text-to-image (LlamaGen architecture, 64 px)"
+    assert all(r.nfe < 256 for r in res.reports)
+    other = tmp_path / "other"
+    train.run(dataclasses.replace(TINY, codebook=256), other, log=lambda *a: None)
+    with pytest.raises(ConfigError, match="vocabulary 256 ids, the target's 512"):
+        load_drafter(str(other), target)
