@@ -310,7 +310,8 @@ def sibling(folder: pathlib.Path, out: pathlib.Path, layers: int = 2, quick: boo
     with torch.no_grad():
         codes = encode_dataset(vq, images)
     gpt, text = train_gpt(r, codes, captions, domain.VOCABULARY, log)
-    stats = {"sibling_of": config.get("training", {}), "gpt_minutes": round((time.perf_counter() - t0) / 60, 2)}
+    stats = {"sibling_of": f"{folder.name} ({config['recipe']['layers']} layers)",
+             "gpt_minutes": round((time.perf_counter() - t0) / 60, 2)}
     save(out, r, vq, gpt, text, stats)
     if (folder / "judge.safetensors").is_file():
         shutil.copy(folder / "judge.safetensors", out / "judge.safetensors")

@@ -76,3 +76,17 @@ def test_the_encoder_has_no_border_effect_a_uniform_picture_encodes_to_one_code(
     pictures = (colours * 2 - 1)[:, :, None, None].expand(-1, 3, 64, 64)
     codes = model.modules["vq"].encode(pictures)
     assert (codes == codes[:, :1, :1]).all(), [c.unique().tolist() for c in codes]
+
+
+def test_the_shipped_sibling_is_a_smaller_model_on_the_same_tokenizer_and_drafts_for_it(model):
+    from spec_ar.loaders.detect import load_drafter
+    from spec_ar.sampling import SpeculativeDecoder
+
+    sibling = embedded.load(embedded.SIBLING)
+    assert len(sibling.modules["gpt"].layers) < len(model.modules["gpt"].layers)
+    for (k, a), b in zip(model.modules["vq"].state_dict().items(), sibling.modules["vq"].state_dict().values()):
+        assert torch.equal(a, b), k
+    drafts = load_drafter("embedded-sibling", model)
+    res = SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=4), drafter=drafts).generate(
+        ["a red circle on a plain white background"], seeds=[0])
+    assert res.reports[0].tokens_per_forward > 1.5  # it drafts what the model draws, often
