@@ -479,23 +479,24 @@ class SpeculativeDecoder:
         """One token per window row, each with the row's sample uniform: the draft
         ``x`` where the row had one and it stays, a draw from ``norm(max(0, p - q))``
         (``q``: the draft's row in the ring) where it falls, a draw from ``p`` where
-        the row had no draft or the residual has no mass (``p`` and ``q`` equal to
-        float precision).  The draws go through ``st.buffer("cumsum")`` (the engine
+        the row had no draft.  Where the residual has no mass (``p`` and ``q`` equal
+        to float precision, so ``min(1, p / q)`` is 1 but for rounding) the draft stays.  The draws go through ``st.buffer("cumsum")`` (the engine
         reads its row totals for NaN).
 
         On CUDA, and on CPU while rows x vocabulary stay under ``DENSE_RESIDUAL``,
-        each row is drawn once from its own distribution (a few whole-window ops, no
-        host sync); larger CPU windows draw every row from ``p`` and then pick the
+        each row is drawn once from ``max(0, p - had * q)`` (a few whole-window ops,
+        no host sync); larger CPU windows draw every row from ``p`` and then pick the
         falling rows, so rows that keep their draft cost no pass over the
         vocabulary.  Both give the same tokens."""
         B, L, V = probs.shape
-        redo = had & ~stays
-        if probs.is_cuda or redo.numel() * V <= DENSE_RESIDUAL:
+        if probs.is_cuda or had.numel() * V <= DENSE_RESIDUAL:
+            # rows without a draft draw from p: their q counts as zero
             res = st.rows(st.ring, slots, "residual")
-            torch.sub(probs, res, out=res).clamp_(min=0.0)
-            res = torch.where((redo & (res.sum(-1) > 0)).unsqueeze(-1), res, probs)
-            drawn = rng.categorical(res, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)
-            return torch.where(had & stays, x, drawn)
+            torch.addcmul(probs, res, had.unsqueeze(-1), value=-1, out=res).clamp_(min=0.0)
+            drawn = rng.categorical(res, u[..., 1:], st.buffer("cumsum", L), empty="past-end").squeeze(-1)
+            # a residual without mass (p and q equal to float precision) keeps the draft
+            return torch.where((had & stays) | (drawn == V), x, drawn)
+        redo = had & ~stays
         samples = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)
         tokens = torch.where(had, x, samples)
         idx = redo.view(-1).nonzero().squeeze(1)
@@ -508,7 +509,7 @@ class SpeculativeDecoder:
         res.sub_(q).clamp_(min=0.0)
         draws = rng.categorical(res, u.view(-1, 2)[idx, 1:], q, empty="past-end")
         tokens.view(-1).index_copy_(0, idx, draws.view(-1))
-        return torch.where(tokens < V, tokens, samples)
+        return torch.where(tokens < V, tokens, x)
 
     def _skip(self, st: DecodeState, m: torch.Tensor, m_host: list[int]):
         """Commit ``m[b]`` informed drafts of each sample without a forward."""

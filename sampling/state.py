@@ -117,6 +117,7 @@ class DecodeState:
         self.host_draft_end = [0] * self.batch
         self.aranges: dict[int, torch.Tensor] = {}
         self.buffers: dict[str, torch.Tensor] = {}
+        self.row_offsets: dict[int, torch.Tensor] = {}  # b * rows, by ring size (_flat)
         self.vocab = adapter.vocab_size
         self.any_forced = bool((lay.forced >= 0).any())  # some positions hold a forced token
         self.step = 0
@@ -164,7 +165,10 @@ class DecodeState:
         ring.view(B * R, V).index_fill_(0, self._flat(ring, slots), value)
 
     def _flat(self, ring: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        return (self.batch_idx * ring.shape[1] + slots).view(-1)
+        offset = self.row_offsets.get(ring.shape[1])
+        if offset is None:
+            offset = self.row_offsets[ring.shape[1]] = self.batch_idx * ring.shape[1]
+        return (offset + slots).view(-1)
 
     def arange(self, n: int) -> torch.Tensor:
         if n not in self.aranges:
