@@ -480,8 +480,9 @@ class SpeculativeDecoder:
         ``x`` where the row had one and it stays, a draw from ``norm(max(0, p - q))``
         (``q``: the draft's row in the ring) where it falls, a draw from ``p`` where
         the row had no draft.  Where the residual has no mass (``p`` and ``q`` equal
-        to float precision, so ``min(1, p / q)`` is 1 but for rounding) the draft stays.  The draws go through ``st.buffer("cumsum")`` (the engine
-        reads its row totals for NaN).
+        to float precision, so ``min(1, p / q)`` is 1 but for rounding) the draft
+        stays.  The draws go through ``st.buffer("cumsum")`` (the engine reads its
+        row totals for NaN).
 
         On CUDA, and on CPU while rows x vocabulary stay under ``DENSE_RESIDUAL``,
         each row is drawn once from ``max(0, p - had * q)`` (a few whole-window ops,
