@@ -28,7 +28,7 @@ import json
 import math
 import pathlib
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
@@ -272,9 +272,8 @@ def decoder_only(folder: pathlib.Path, out: pathlib.Path, quick: bool = False, l
 
     model = embedded.load(folder)
     config = json.loads((folder / "config.json").read_text())
-    fields = {"vq_encoder_padding": "zeros", **config["recipe"], **{k: getattr(Recipe(), k) for k in ("vq_decoder_padding", "vq_decoder_steps",
-                                                                       "vq_decoder_lr")}}
-    r = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    r = replace(embedded.recipe_of(config), **{k: getattr(Recipe(), k) for k in ("vq_decoder_padding",
+                                                                                   "vq_decoder_steps", "vq_decoder_lr")})
     if quick:
         r = Recipe(**{**asdict(r), "images": 512, "vq_decoder_steps": 5})
     t0 = time.perf_counter()
@@ -302,8 +301,7 @@ def sibling(folder: pathlib.Path, out: pathlib.Path, layers: int = 2, quick: boo
 
     model = embedded.load(folder)
     config = json.loads((folder / "config.json").read_text())
-    r = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["recipe"].items()})
-    r = Recipe(**{**asdict(r), "layers": layers, **({"images": 512, "gpt_steps": 5} if quick else {})})
+    r = replace(embedded.recipe_of(config), layers=layers, **({"images": 512, "gpt_steps": 5} if quick else {}))
     t0 = time.perf_counter()
     images, _, captions, _ = domain.make_dataset(r.images, seed=r.seed, size=r.size, drop=r.drop, coverage=True)
     vq = model.modules["vq"].float()

@@ -86,16 +86,16 @@ def load_drafter(path, target, text_encoder=None, device="cpu", dtype=torch.floa
     from ..sampling.model_drafts import ModelDrafts
     from . import draft_head
 
-    if str(path) == "embedded":  # the shipped model's draft head
-        path = embedded.DRAFTER
-        if not draft_head.is_draft_head(path):
-            raise CheckpointError(f"{option} embedded: the embedded model's draft head is missing ({path}); "
-                                  "train it with spec-ar train-drafter --model embedded")
-    if str(path) == "embedded-sibling":  # the shipped model's smaller sibling
-        path = embedded.SIBLING
-        if not embedded.is_embedded(path):
-            raise CheckpointError(f"{option} embedded-sibling: the embedded model's sibling is missing ({path}); "
-                                  "train it with spec-ar train-embedded --sibling embedded/weights --out " + str(path))
+    shipped = {  # keyword: (folder, its test, how to make it)
+        "embedded": (embedded.DRAFTER, draft_head.is_draft_head, "spec-ar train-drafter --model embedded"),
+        "embedded-sibling": (embedded.SIBLING, embedded.is_embedded,
+                             f"spec-ar train-embedded --sibling embedded/weights --out {embedded.SIBLING}")}
+    if str(path) in shipped:
+        folder, present, make = shipped[str(path)]
+        if not present(folder):
+            raise CheckpointError(f"{option} {path}: the embedded model's {folder.name} is missing ({folder}); "
+                                  f"make it with {make}")
+        path = folder
     if draft_head.is_draft_head(path):
         drafts = HeadDrafts(draft_head.load_head(path, device, dtype))
         try:

@@ -44,6 +44,13 @@ def gpt_spec(r: Recipe) -> GPTSpec:
                    kind="t2i", caption_dim=r.text_dim, cond_tokens=r.words)
 
 
+def recipe_of(config: dict) -> Recipe:
+    """The recipe a model folder's ``config.json`` records."""
+    # folders trained before the padding fields existed have LlamaGen's zero padding
+    values = {"vq_encoder_padding": "zeros", "vq_decoder_padding": "zeros", **config["recipe"]}
+    return Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
 def load(folder=FOLDER, device="cpu", dtype=torch.float32):
     from ..embedded.text import TextEncoder
     from .base import LoadedModel
@@ -53,9 +60,7 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
         raise CheckpointError(f"{folder}: no embedded model here (config.json with format {FORMAT!r}); "
                               "build it with `spec-ar train-embedded`")
     config = read_json(folder / "config.json")
-    # folders trained before the padding fields existed have LlamaGen's zero padding
-    values = {"vq_encoder_padding": "zeros", "vq_decoder_padding": "zeros", **config["recipe"]}
-    recipe = Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    recipe = recipe_of(config)
     tensors = load_file(folder / "model.safetensors")
     part = {p: {k[len(p):]: v.float() for k, v in tensors.items() if k.startswith(p)} for p in ("gpt.", "vq.", "text.")}
     gpt = LlamaGenGPT(gpt_spec(recipe))

@@ -169,6 +169,7 @@ class JacobiDrafts:
         if self.init == "sample-left" and min(st.host_committed) > st.first_free:
             # the common case, in few ops: every sample has a free position left of
             # ``start``, and its new positions all draw from that position's row
+            # (with no forced position every position is free: prev_free[t] is t)
             src = (st.prev_free[start - 1] if st.any_forced else start - 1).unsqueeze(1)
             rows = st.rows(st.ring, src % st.ring_size, "init")  # [B, 1, V]
             tok = rng.categorical(rows.squeeze(1), u)
