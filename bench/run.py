@@ -207,10 +207,10 @@ def batch_speed(model, configs: dict[str, DecodeConfig], prompts, batch: int, re
 def _reads(config: DecodeConfig, part: str) -> bool:
     """Whether ``config`` sets a knob away from its default that only ``part``
     ("jacobi" or "drafter", with its tree knobs) reads."""
-    from ..sampling.config import KNOBS
+    from ..sampling.config import DRAFT_TREES, KNOBS
 
     base = DecodeConfig(mode=config.mode)
-    parts = {"jacobi": ("jacobi",), "drafter": ("drafter", "tree", "dynamic", "static")}[part]
+    parts = {"jacobi": ("jacobi",), "drafter": ("drafter", "tree") + DRAFT_TREES}[part]
     return any(set(k.uses) <= set(parts) and getattr(config, k.name) != getattr(base, k.name) for k in KNOBS.values())
 
 

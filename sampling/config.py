@@ -46,7 +46,7 @@ ACCEPTANCE_RULES = ("exact", "grouped", "latent")
 SCHEDULES = ("every", "uniform", "similarity")
 DRAFT_INITS = ("random", "repeat-left", "repeat-above", "sample-left", "sample-above")
 DRAFT_COUPLINGS = ("none", "maximal", "gumbel")
-DRAFT_TREES = ("chain", "dynamic", "static")
+DRAFT_TREES = ("chain", "dynamic", "static", "sampled")
 #: settings a family may default (``ImageAdapter.sampling_defaults``), and their values where it does not
 SAMPLING_FALLBACK = {"cfg_scale": 1.0, "top_k": None, "top_p": 1.0, "temperature": 1.0}
 SAMPLING_FIELDS = tuple(SAMPLING_FALLBACK)
@@ -165,16 +165,18 @@ class DecodeConfig:
     tree: str = knob("chain", symbol="tree", label="draft_tree", uses=("drafter",), choices=DRAFT_TREES,
                      widget="combo",
                      help="how a draft model's drafts are laid out: one chain, a dynamic tree (EAGLE-2: the "
-                          "top-k children of the likeliest nodes, then the likeliest tree_tokens kept) or a "
-                          "static tree (LANTERN++: a fixed shape of child ranks), all verified in one forward")
+                          "top-k children of the likeliest nodes, then the likeliest tree_tokens kept), a "
+                          "static tree (LANTERN++: a fixed shape of child ranks), or a sampled tree (the static "
+                          "shape, children drawn from the draft distribution without replacement and tested "
+                          "against it: beyond the papers), all verified in one forward")
     tree_top_k: int = knob(10, symbol="topk", label="tree_top_k", uses=("tree",), lo=1, hi=64, step=1,
-                           help="tree drafting: children per expanded node (dynamic), the widest rank (static)")
+                           help="tree drafting: children per expanded node (dynamic), the widest rank (static, sampled)")
     tree_tokens: int = knob(60, symbol="N", label="tree_tokens", uses=("tree",), lo=2, hi=512, step=1,
                             help="tree drafting: draft tokens in the tree, verified in one forward (LANTERN: 59)")
-    tree_choices: str | None = knob(None, symbol="choices", label="tree_choices", uses=("static",),
+    tree_choices: str | None = knob(None, symbol="choices", label="tree_choices", uses=("static", "sampled"),
                                     widget=None, optional=True,
                                     unset="auto: the tree_tokens likeliest rank paths under a Zipf prior",
-                                    help="static tree shape: a JSON file with a list of child-rank paths "
+                                    help="static or sampled tree shape: a JSON file with a list of child-rank paths "
                                          "([[0], [1], [0, 0], ...], every prefix listed)")
     drafter: str | None = None
     # GSD

@@ -135,7 +135,7 @@ class SpeculativeDecoder:
                 raise ConfigError(f"{KNOBS['tree_top_k'].shown_as(surface)} must be at most the model's "
                                   f"{int(lay.image_tokens.sum())} image tokens (got {config.tree_top_k})")
             self.tree_levels = config.depth
-            if config.tree == "static":  # the shape is read (and checked) now; a choices file sets its depth
+            if config.tree in ("static", "sampled"):  # the shape is read (and checked) now; a choices file sets its depth
                 from .tree import static_shape
 
                 shape = static_shape(config.tree_choices, config.tree_tokens, config.tree_top_k, config.depth)
@@ -386,12 +386,12 @@ class SpeculativeDecoder:
         """A step on a draft tree (``tree.py``) from the committed prefix: VVS's
         schedule may commit one of its paths without a forward (``_skip_tree``),
         else one forward verifies it (``_verify_tree``)."""
-        tokens, parents, valid = self.drafter.tree(st, self.config)
+        tokens, parents, valid, rows = self.drafter.tree(st, self.config)
         skip = self.schedule.skip_tree(st, tokens, parents, valid) if st.skips else None
         if skip is not None and bool(skip.all()):  # a batch skips together
             self._skip_tree(st, tokens, parents, valid)
         else:
-            self._verify_tree(st, timer, tokens, parents, valid)
+            self._verify_tree(st, timer, tokens, parents, valid, rows)
         return None
 
     def _skip_tree(self, st: DecodeState, tokens, parents, valid):
@@ -414,7 +414,7 @@ class SpeculativeDecoder:
         st.host_committed = st.n_committed.tolist()
         st.verified_since_skip = 0
 
-    def _verify_tree(self, st: DecodeState, timer: "Timer", tokens, parents, valid):
+    def _verify_tree(self, st: DecodeState, timer: "Timer", tokens, parents, valid, rows=None):
         """One forward over the committed tokens the target has not scored (the last
         one the root; more than one after a skip: they are prepended and stand, VVS's
         post-verification) and the draft tree hung below the root; the walk from the
@@ -441,8 +441,13 @@ class SpeculativeDecoder:
         u = rng.uniform(st.keys, st.step, rng.VERIFY, st.arange(M).expand(B, -1), lanes=2)
         kids = children(full_par, full_valid & (st.arange(M).unsqueeze(0) >= W))  # the tree's nodes only
         levels = self.tree_levels
+        draft_rows = None
+        if rows is not None:  # the draft rows by forward row: the root's at the root, the nodes' after the chain
+            draft_rows = rows.new_zeros(B, M, rows.shape[-1])
+            draft_rows[st.batch_idx.view(-1), root] = rows[:, 0]
+            draft_rows[:, W:] = rows[:, 1:]
         path, counts, new, rejected = accept_path(probs, full_tok, kids, root, self.rule, u[..., 0],
-                                                  u[:, : levels + 1, 1], levels, self.exact)
+                                                  u[:, : levels + 1, 1], levels, self.exact, draft_rows)
         committed_before = st.n_committed
         done = committed_before >= T  # finished samples ride along: they keep nothing
         keep = torch.where(done, 0, waiting - 1 + counts)  # the waiting chain, then the accepted nodes

@@ -149,18 +149,23 @@ class HeadDrafts:
             pos = pos + 1
         st.informed_end = torch.maximum(st.informed_end, stop)
 
-    def tree(self, st: DecodeState, config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def tree(self, st: DecodeState, config):
         """A draft tree from the committed prefix (``sampling/tree.py``): ``tokens``,
         ``parents`` and ``valid`` ``[B, N]``, nodes in order of depth, siblings by
-        draft probability.  Every node is a deterministic pick (a top-k or a ranked
-        child of its parent's ``q``), so its ``q`` is a point mass.
+        draft probability, and ``rows``: ``None`` where every node is a deterministic
+        pick (a top-k or a ranked child of its parent's ``q``: its ``q`` is a point
+        mass), else ``[B, N + 1, V]`` the ``q`` each node's children were drawn from
+        (row 0: the root's).
 
         ``dynamic`` (EAGLE-2): the root's top ``tree_top_k`` children, then at each
         level the ``tree_top_k`` likeliest nodes (cumulative draft log-probability)
         are fed to the head and each gets its ``tree_top_k`` children; of all
         candidates the ``tree_tokens`` likeliest are kept (ancestors first on ties,
         so every kept node's parent is kept).  ``static`` (LANTERN++'s shape, our
-        picks): ``tree_choices`` rank paths, each node its parent's ranked child."""
+        picks): ``tree_choices`` rank paths, each node its parent's ranked child.
+        ``sampled``: the static shape, each node's children drawn from its parent's
+        ``q`` without replacement (Gumbel top-k: rank ``r`` is the ``r``-th draw), so
+        that acceptance can test them against ``q`` (``tree.accept_path``)."""
         from .tree import static_shape
 
         B, R, device = st.batch, self.rows, st.seq.device
@@ -168,9 +173,9 @@ class HeadDrafts:
         g = self._catch_up(st)  # [R, B, 1, H]: predicts position n
         n = torch.tensor(st.host_committed, device=device).unsqueeze(1)
         logq = torch.log(self._q(g, n)).squeeze(1)  # [B, V]
-        if config.tree == "static":
+        if config.tree in ("static", "sampled"):
             shape = static_shape(config.tree_choices, config.tree_tokens, K, D)
-            return self._static(st, g, logq, shape, n)
+            return self._static(st, g, logq, shape, n, sampled=config.tree == "sampled")
         top = torch.topk(logq, K, dim=-1)
         tok, score, parent = [top.indices], [top.values], [torch.full((B, K), -1, device=device)]
         level = [torch.zeros(B, K, dtype=torch.long, device=device)]
@@ -198,7 +203,7 @@ class HeadDrafts:
             base = sum(t.shape[1] for t in tok[:-1])
             level_nodes = base + torch.arange(K * K, device=device).expand(B, K * K)
         return self._rerank(st, torch.cat(tok, 1), torch.cat(score, 1), torch.cat(parent, 1), torch.cat(level, 1), n,
-                            config.tree_tokens)
+                            config.tree_tokens) + (None,)
 
     # -- catching up ------------------------------------------------------------
     def _catch_up(self, st) -> torch.Tensor:
@@ -253,16 +258,29 @@ class HeadDrafts:
         slots = torch.where(kept, pos + 1, self.features.shape[2] - 1)
         self.features[:, st.batch_idx, slots] = feats[:, st.batch_idx, path]
 
-    def _static(self, st, g, logq, shape, n):
+    def _static(self, st, g, logq, shape, n, sampled: bool):
         """The static tree ``shape`` (rank paths, parents first): each level's nodes
-        fed together, each node its parent's ranked child."""
+        fed together, each node its parent's ranked child (``sampled``: its parent's
+        ``rank``-th draw without replacement)."""
         B, R, device = st.batch, self.rows, st.seq.device
         parents_of = shape["parents"]  # list: parent index per node (-1: the root)
         ranks, depth_of = shape["ranks"], shape["depths"]
         N = len(parents_of)
         tok = torch.zeros(B, N, dtype=torch.long, device=device)
         score = torch.zeros(B, N, device=device)
-        order = torch.argsort(logq, -1, descending=True)  # the root's children by rank
+        V = logq.shape[-1]
+
+        def ranked(lq, parent):  # [B, k, V] children by rank, of parents [k] (-1: the root)
+            if not sampled:
+                return torch.argsort(lq, -1, descending=True)
+            cols = (torch.tensor(parent, device=device).view(1, -1, 1) + 1) * V + torch.arange(V, device=device)
+            u = rng.uniform(st.keys, st.step, rng.TREE, cols.expand(B, -1, -1)).clamp_(min=2.0 ** -25)
+            return torch.argsort(lq - torch.log(-torch.log(u)), -1, descending=True)
+
+        rows = logq.new_zeros(B, N + 1, V) if sampled else None
+        if sampled:
+            rows[:, 0] = logq.exp()
+        order = ranked(logq.unsqueeze(1), [-1])[:, 0]  # the root's children by rank
         fed_feats, fed_par, start = None, None, torch.tensor(self.cache.host_length, device=device)
         level_q = {-1: (order, logq)}  # parent node -> its ranked children and log q
         for d in range(max(depth_of) + 1):
@@ -286,11 +304,13 @@ class HeadDrafts:
             fed_par = self._append_fed(fed_par, par_fed, pick)
             q = self._q(out, (n + d + 1).expand(B, len(inner)))  # [B, len(inner), V]
             lq = torch.log(q)
-            o = torch.argsort(lq, -1, descending=True)
+            o = ranked(lq, inner)
+            if sampled:
+                rows[:, torch.tensor(inner, device=device) + 1] = q
             for j, i in enumerate(inner):
                 level_q[i] = (o[:, j], lq[:, j])
         parents = torch.tensor(parents_of, device=device).expand(B, N)
-        return self._finish(st, tok, parents, score, torch.tensor(depth_of, device=device).expand(B, N), n)
+        return self._finish(st, tok, parents, score, torch.tensor(depth_of, device=device).expand(B, N), n) + (rows,)
 
     def _rerank(self, st, tok, score, parent, depth, n, budget):
         """Keep the ``budget`` likeliest candidates (ancestors before descendants on

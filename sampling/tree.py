@@ -49,6 +49,19 @@ def chain(B: int, L: int, device=None) -> torch.Tensor:
     return (torch.arange(L, device=device) - 1).expand(B, L).contiguous()
 
 
+class DenseRows:
+    """Draft distributions held as rows ``[B, n, V]`` (a sampled tree's siblings
+    were drawn from their parent's row); ``at`` as :class:`PointMass`'s."""
+
+    def __init__(self, rows: torch.Tensor):
+        self.rows = rows
+
+    def at(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.dim() == self.rows.dim() - 1:
+            return self.rows.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        return self.rows.gather(-1, ids)
+
+
 class PointMass:
     """The draft distribution of a deterministic draft (a tree node taken by rank):
     all its mass on the node's token ``x`` ``[B, n]``.  What acceptance rules read
@@ -100,17 +113,24 @@ def leaf_paths(parents: torch.Tensor, valid: torch.Tensor, u: torch.Tensor):
     return torch.where(count.unsqueeze(2) > 0, out, -1), mean
 
 
-def accept_path(probs, tokens, kids, root, rule, u_coin, u_draw, levels: int, exact: bool):
+def accept_path(probs, tokens, kids, root, rule, u_coin, u_draw, levels: int, exact: bool,
+                draft_rows: torch.Tensor | None = None):
     """Walk a verified tree from node ``root`` ``[B]``.  ``probs`` ``[B, M, V]``: the
     target's distribution after each node; ``tokens`` ``[B, M]``; ``kids`` from
     :func:`children`; ``levels`` the tree's depth below the root; ``u_coin``
     ``[B, M]`` one uniform per node, ``u_draw`` ``[B, levels + 1]`` one per depth.
-    Every draft is deterministic (``q`` a point mass), so exact acceptance is
-    recursive rejection over the siblings, which draws the same as: draw ``t`` from
-    the node's row, move to the child whose token is ``t``, or stop with ``t`` as the
-    new token (``exact``: done that way, one draw per level).  Other rules test each
-    sibling in turn with ``rule.accept_prob`` on the residual the siblings before it
-    left, and draw the new token from the last residual.  A sample that reaches a
+    Without ``draft_rows`` every draft is deterministic (``q`` a point mass), so
+    exact acceptance is recursive rejection over the siblings, which draws the same
+    as: draw ``t`` from the node's row, move to the child whose token is ``t``, or
+    stop with ``t`` as the new token (``exact``: done that way, one draw per level).
+    Other rules test each sibling in turn with ``rule.accept_prob`` on the residual
+    the siblings before it left, and draw the new token from the last residual.
+    With ``draft_rows`` ``[B, M, V]`` (a sampled tree: node ``m``'s children were
+    drawn from row ``m`` without replacement, in sibling order) every rule tests the
+    siblings that way against ``q``: the ``i``-th sibling's ``q`` is the row less the
+    siblings drawn before it, renormalised, and a rejection leaves
+    ``norm(residual(p_i, q_i))`` (recursive rejection sampling without replacement,
+    lossless for exact acceptance).  A sample that reaches a
     leaf draws the bonus from the leaf's row.  Returns ``(path [B, levels + 1]`` node
     indices from the root, ``counts`` nodes on it (the root included), ``new`` tokens ``[B]``,
     ``rejected`` ``[B]``: a child was tried and none stood); no host synchronisation."""
@@ -127,7 +147,7 @@ def accept_path(probs, tokens, kids, root, rule, u_coin, u_draw, levels: int, ex
         k = kids[batch, cur]  # [B, K]
         row = probs[batch, cur]  # [B, V]
         u = u_draw[:, depth: depth + 1]
-        if exact or depth == levels:  # the last level has no children: the bonus
+        if depth == levels or (exact and draft_rows is None):  # the last level has no children: the bonus
             t = rng.categorical(row, u).squeeze(-1)
             child_tok = torch.where(k >= 0, tokens.gather(1, k.clamp(min=0)), -1)
             hit = (child_tok == t.unsqueeze(1)) & moving.unsqueeze(1)
@@ -135,18 +155,26 @@ def accept_path(probs, tokens, kids, root, rule, u_coin, u_draw, levels: int, ex
             nxt = k.gather(1, hit.int().argmax(1, keepdim=True)).squeeze(1)
         else:
             r, moved, nxt = row, torch.zeros_like(moving), cur
+            left = None if draft_rows is None else draft_rows[batch, cur]  # q less the siblings tried
             for j in range(k.shape[1]):
                 c = k[:, j]
                 x = tokens.gather(1, c.clamp(min=0).unsqueeze(1))
                 live = moving & ~moved & (c >= 0)
                 total = r.sum(-1, keepdim=True)
                 rn = r / torch.where(total > 0, total, 1.0)
-                q = PointMass(x)
+                if left is None:
+                    q, qd = PointMass(x), PointMass(x[:, 0]).dense(V)
+                else:
+                    mass = left.sum(-1, keepdim=True)
+                    qd = left / torch.where(mass > 0, mass, 1.0)
+                    q = DenseRows(qd.unsqueeze(1))
                 acc = live & (u_coin.gather(1, c.clamp(min=0).unsqueeze(1)).squeeze(1)
                               < rule.accept_prob(rn.unsqueeze(1), q, x).squeeze(1))
-                res = rule.residual(rn.unsqueeze(1), q.dense(V), x).squeeze(1)
+                res = rule.residual(rn.unsqueeze(1), qd.unsqueeze(1), x).squeeze(1)
                 res = torch.where(res.sum(-1, keepdim=True) > 0, res, rn)  # float ties: nothing left to take
                 r = torch.where((live & ~acc).unsqueeze(1), res, r)
+                if left is not None:
+                    left = torch.where((live & ~acc).unsqueeze(1), left.scatter(1, x, 0.0), left)
                 nxt = torch.where(acc, c, nxt)
                 moved = moved | acc
             t = rng.categorical(r, u).squeeze(-1)

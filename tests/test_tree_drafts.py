@@ -1,5 +1,5 @@
 """Draft trees from a draft head, verified in one forward: exact acceptance stays
-lossless on dynamic and static trees (batch 1 and more), the relaxed rules are
+lossless on dynamic, static and sampled trees (batch 1 and more), the relaxed rules are
 still caught by the same test, and a tree's image does not depend on its batch."""
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from .test_exactness import CFG, TOP_K, stream_test
 from .test_head_drafts import tabular_head
 
 TREES = {"dynamic": dict(tree="dynamic", depth=3, tree_top_k=3, tree_tokens=8),
-         "static": dict(tree="static", depth=3, tree_top_k=3, tree_tokens=7)}
+         "static": dict(tree="static", depth=3, tree_top_k=3, tree_tokens=7),
+         "sampled": dict(tree="sampled", depth=3, tree_top_k=3, tree_tokens=7)}
 
 
 def decoder(target, head, **config):
@@ -36,10 +37,11 @@ def test_exact_acceptance_on_draft_trees_follows_the_exact_joint(tree):
     assert any(call[0] == "tree" for call in target.calls)
 
 
-def test_a_batch_of_one_on_a_draft_tree_follows_the_exact_joint():
+@pytest.mark.parametrize("tree", ["dynamic", "sampled"])
+def test_a_batch_of_one_on_a_draft_tree_follows_the_exact_joint(tree):
     target = FeaturedTabularAdapter(image=3, length=3, forced=(1,), seed=5)
     head = tabular_head(2, vocab=4)  # three image ids and the forced one
-    dec = SpeculativeDecoder(target, DecodeConfig(mode="sjd", cfg_scale=CFG, top_k=2, **TREES["dynamic"]),
+    dec = SpeculativeDecoder(target, DecodeConfig(mode="sjd", cfg_scale=CFG, top_k=2, **TREES[tree]),
                              drafter=HeadDrafts(head))
     tokens = torch.cat([dec.generate([0], seeds=[s]).tokens for s in range(500)])
     pvalue, impossible = stream_test(target, tokens, cls=0, top_k=2)
@@ -56,14 +58,44 @@ def test_the_sibling_by_sibling_walk_is_exact_too(monkeypatch):
     assert impossible == 0 and pvalue > 1e-4
 
 
+@pytest.mark.parametrize("tree", ["dynamic", "sampled"])
 @pytest.mark.parametrize("config", [dict(mode="lantern", lantern_k=3, lantern_delta=1.0),
                                     dict(mode="gsd", group_size=4, gsd_delta=1.0)])
-def test_the_check_still_rejects_relaxed_rules_on_draft_trees(config):
+def test_the_check_still_rejects_relaxed_rules_on_draft_trees(config, tree):
     target = FeaturedTabularAdapter(seed=3, spread=4.0)
-    result = decoder(target, tabular_head(1), **config, **TREES["dynamic"]).generate([1] * 20_000,
-                                                                                     seeds=13_000_000)
+    result = decoder(target, tabular_head(1), **config, **TREES[tree]).generate([1] * 20_000, seeds=13_000_000)
     pvalue, impossible = stream_test(target, result.tokens, cls=1)
     assert impossible > 0 or pvalue < 1e-6
+
+
+def test_a_sampled_tree_draws_each_nodes_children_from_its_q_without_replacement():
+    # siblings are distinct tokens with mass under the row they came from, and the
+    # first draw of the root follows the root's q (its ranked pick would not: with the
+    # argmax in its place the statistic below is 285 on 3 degrees of freedom; a
+    # temperature flattens the random head's q, which is otherwise nearly one-hot)
+    target = FeaturedTabularAdapter(seed=3)
+    source = HeadDrafts(tabular_head(1), "test head")
+    dec = SpeculativeDecoder(target, DecodeConfig(mode="sjd", cfg_scale=CFG, top_k=None, temperature=4.0,
+                                                  **TREES["sampled"]), drafter=source)
+    trees, draw = [], source.tree
+    source.tree = lambda st, config: trees.append(draw(st, config)) or trees[-1]
+    dec.generate([1] * 3000, seeds=14_000_000)
+    observed, expected = 0, 0
+    for tokens, parents, valid, rows in trees:
+        assert rows is not None
+        q_of = rows.gather(1, (parents + 1).unsqueeze(-1).expand(-1, -1, rows.shape[-1]))  # each node's row
+        assert bool((q_of.gather(2, tokens.unsqueeze(-1)).squeeze(-1)[valid] > 0).all())
+        same_parent = parents.unsqueeze(2) == parents.unsqueeze(1)
+        same_token = tokens.unsqueeze(2) == tokens.unsqueeze(1)
+        pairs = same_parent & same_token & valid.unsqueeze(2) & valid.unsqueeze(1)
+        assert not bool((pairs & ~torch.eye(tokens.shape[1], dtype=torch.bool)).any()), "a token drawn twice"
+        first = valid[:, 0]
+        observed = observed + torch.nn.functional.one_hot(tokens[first, 0], rows.shape[-1]).sum(0)
+        expected = expected + rows[first, 0].sum(0)
+    cells = expected > 5
+    chi2 = float(((observed - expected)[cells] ** 2 / expected[cells]).sum())
+    df = int(cells.sum()) - 1
+    assert df >= 1 and float(torch.special.gammaincc(torch.tensor(df / 2), torch.tensor(chi2 / 2))) > 1e-4
 
 
 @pytest.mark.parametrize("tree", list(TREES))
