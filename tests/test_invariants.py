@@ -137,3 +137,17 @@ def test_target_log_likelihood_scores_committed_tokens_in_chunks(model):
     free = int(torch.nonzero(~forced)[3])
     outside[:, free] = full[:, free].argmin(-1)
     assert torch.isneginf(dec.target_log_likelihood([0, 1], outside)[:, free]).all()
+
+
+def test_decoding_on_cuda_leaves_cudnn_attention_out_and_restores_it():
+    # cuDNN's attention builds a plan per new shape, and speculative steps keep making
+    # new shapes; the switch is scoped to a decode and leaves CPU runs alone
+    from spec_ar.sampling.engine import attention_without_cudnn
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_without_cudnn("cuda:0"):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with attention_without_cudnn("cpu"):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
