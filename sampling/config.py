@@ -40,7 +40,7 @@ MODE_HELP = {
 VVS_ON_JACOBI = ("As the paper defines it with a draft model linked (skips commit a drafter path from the accepted "
                  "prefix; on the embedded model FD to ar 37.7 against a noise floor of 34.1). Without one, an "
                  "approximation on Jacobi drafts (skips commit the window's tail, drawn after the last rejection): "
-                 "FD to ar 60.7, target NLL 1.76 against ar's 1.37")
+                 "FD to ar 80.3, target NLL 1.76 against ar's 1.37")
 MODE_HELP["vvs"] += ". " + VVS_ON_JACOBI
 ACCEPTANCE_RULES = ("exact", "grouped", "latent")
 SCHEDULES = ("every", "uniform", "similarity")
@@ -168,9 +168,10 @@ class DecodeConfig:
                           "top-k children of the likeliest nodes, then the likeliest tree_tokens kept), a "
                           "static tree (LANTERN++: a fixed shape of child ranks), or a sampled tree (the static "
                           "shape, children drawn from the draft distribution without replacement and tested "
-                          "against it: beyond the papers), all verified in one forward")
+                          "against it: beyond the papers; not with skipping schedules), all verified in one forward")
     tree_top_k: int = knob(10, symbol="topk", label="tree_top_k", uses=("tree",), lo=1, hi=64, step=1,
-                           help="tree drafting: children per expanded node (dynamic), the widest rank (static, sampled)")
+                           help="tree drafting: children per expanded node (dynamic), the widest rank (static, "
+                                "sampled)")
     tree_tokens: int = knob(60, symbol="N", label="tree_tokens", uses=("tree",), lo=2, hi=512, step=1,
                             help="tree drafting: draft tokens in the tree, verified in one forward (LANTERN: 59)")
     tree_choices: str | None = knob(None, symbol="choices", label="tree_choices", uses=("static", "sampled"),

@@ -175,3 +175,9 @@ def test_draft_trees_on_a_llamagen_target_with_lanterns_drafter(tree, tmp_path):
     assert result.tokens.shape == (2, 256)
     assert all(r.origin_counts()["accepted draft"] > 0 and r.nfe < 256 for r in result.reports)
     assert torch.equal(dec.generate(["a dog on a hill"], seeds=[5]).tokens[0], result.tokens[1])
+
+
+@pytest.mark.parametrize("mode", [dict(mode="vvs", lantern_k=3), dict(mode="sjd", schedule="similarity")])
+def test_skipping_schedules_refuse_sampled_trees(mode):
+    with pytest.raises(ConfigError, match="schedule .* commits tree paths unverified.*'dynamic' or 'static'"):
+        decoder(FeaturedTabularAdapter(seed=3), tabular_head(1), **mode, **TREES["sampled"])
