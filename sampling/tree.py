@@ -163,14 +163,15 @@ def accept_path(probs, tokens, kids, root, rule, u_coin, u_draw, levels: int, ex
                 total = r.sum(-1, keepdim=True)
                 rn = r / torch.where(total > 0, total, 1.0)
                 if left is None:
-                    q, qd = PointMass(x), PointMass(x[:, 0]).dense(V)
+                    q = PointMass(x)
+                    qd = q.dense(V)  # [B, 1, V]
                 else:
                     mass = left.sum(-1, keepdim=True)
-                    qd = left / torch.where(mass > 0, mass, 1.0)
-                    q = DenseRows(qd.unsqueeze(1))
+                    q = DenseRows((left / torch.where(mass > 0, mass, 1.0)).unsqueeze(1))
+                    qd = q.rows
                 acc = live & (u_coin.gather(1, c.clamp(min=0).unsqueeze(1)).squeeze(1)
                               < rule.accept_prob(rn.unsqueeze(1), q, x).squeeze(1))
-                res = rule.residual(rn.unsqueeze(1), qd.unsqueeze(1), x).squeeze(1)
+                res = rule.residual(rn.unsqueeze(1), qd, x).squeeze(1)
                 res = torch.where(res.sum(-1, keepdim=True) > 0, res, rn)  # float ties: nothing left to take
                 r = torch.where((live & ~acc).unsqueeze(1), res, r)
                 if left is not None:

@@ -44,6 +44,17 @@ def test_exact_acceptance_on_draft_head_drafts_follows_the_exact_joint(depth):
     assert origins["accepted draft"] > 0 and origins["resampled after a rejection"] > 0  # both paths ran
 
 
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_a_batch_of_one_on_draft_head_drafts_follows_the_exact_joint(depth):
+    # three free positions: depth 3 drafts all of them, depth 8 runs past the end
+    target = FeaturedTabularAdapter(image=3, length=4, forced=(1,), seed=5)
+    dec = SpeculativeDecoder(target, DecodeConfig(mode="sjd", cfg_scale=CFG, top_k=2, depth=depth),
+                             drafter=HeadDrafts(tabular_head(2, vocab=4)))
+    tokens = torch.cat([dec.generate([0], seeds=[s]).tokens for s in range(1200)])
+    pvalue, impossible = stream_test(target, tokens, cls=0, top_k=2)
+    assert impossible == 0 and pvalue > 1e-4
+
+
 def test_the_check_rejects_lantern_with_a_large_delta_on_draft_head_drafts():
     target = FeaturedTabularAdapter(seed=3, spread=4.0)
     result = decoder(target, tabular_head(1), mode="lantern", depth=3, lantern_k=3, lantern_delta=1.0).generate(
