@@ -52,7 +52,13 @@ def _config_args(ap: argparse.ArgumentParser):
                  else "the mode's" if default is None and k.choices else "none" if default is None else default)
         group.add_argument(k.option, dest=k.name, default=None, metavar=k.symbol.upper() if not k.choices else None,
                            choices=[c for c in k.choices if c is not None] if k.choices else None,
-                           help=f"{k.help} ({'' if k.choices else k.range_text() + '; '}default {shown})")
+                           help=literal(f"{k.help} ({'' if k.choices else k.range_text() + '; '}default {shown})"))
+
+
+def literal(text: str) -> str:
+    """Help text as argparse prints it verbatim: it expands ``%`` in option help
+    (``%(default)s``), so a knob help saying "11 % more" must double its ``%``."""
+    return text.replace("%", "%%")
 
 
 def _render(args) -> int:
@@ -166,10 +172,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    from .sampling.config import MODE_HELP
-
     if argv and argv[0] in PASSTHROUGH:
         return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``spec-ar``'s parser; the subcommands in :data:`PASSTHROUGH` parse their own options."""
+    from .sampling.config import MODE_HELP
+
     ap = argparse.ArgumentParser(prog="spec-ar", description="Speculative decoding for autoregressive image models. "
                                  "Errors are one line; --debug (anywhere) shows the traceback instead.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -210,8 +222,8 @@ def _dispatch(argv: list[str]) -> int:
     render.add_argument("--prompt", help="text prompt")
     render.add_argument("--negative-prompt", help="negative prompt (Emu3; default: the reference's)")
     render.add_argument("--class-id", type=int, help="class id (class-conditional models)")
-    render.add_argument("--mode", default="sjd", help="; ".join(f"{m}: {h}" for m, h in MODE_HELP.items())
-                        + " (default: sjd)")
+    render.add_argument("--mode", default="sjd", help=literal("; ".join(f"{m}: {h}" for m, h in MODE_HELP.items())
+                                                              + " (default: sjd)"))
     render.add_argument("--seed", type=int, default=0)
     render.add_argument("--batch", type=int, default=1, help="images (seeds seed, seed+1, ...)")
     render.add_argument("--resolution", type=int, help="image size in pixels, where the family offers several")
@@ -222,8 +234,7 @@ def _dispatch(argv: list[str]) -> int:
     render.add_argument("--out", default="out/render", help="output folder (default: out/render)")
     _config_args(render)
     render.set_defaults(run=_render)
-    args = ap.parse_args(argv)
-    return args.run(args)
+    return ap
 
 
 if __name__ == "__main__":

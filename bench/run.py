@@ -316,6 +316,7 @@ def run(args, log=print) -> dict:
 def main(argv=None) -> int:
     """``spec-ar bench [options]``, or ``spec-ar bench overhead [options]`` (the engine's own cost)."""
     from ..embedded.demo import PROMPTS
+    from .sweeps import sweep_help
 
     argv = list(argv or [])
     if argv[:1] == ["overhead"]:
@@ -323,14 +324,15 @@ def main(argv=None) -> int:
 
         return overhead(argv[1:])
 
-    ap = argparse.ArgumentParser(prog="spec-ar bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="spec-ar bench", description=__doc__, epilog=sweep_help(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="embedded", help="checkpoint file or folder (any family), or 'embedded'")
     ap.add_argument("--vq", help="VQ tokenizer file, where the family keeps it apart (LlamaGen)")
     ap.add_argument("--text-encoder", help="T5 folder for LlamaGen t2i")
     ap.add_argument("--drafter", help="a draft head folder or a sibling model that drafts for --model ('embedded' / "
-                                      "'embedded-sibling': the embedded model's shipped head / sibling): every drafted "
-                                      "setting is run twice, with Jacobi drafts and with this model's (labelled '+ drafter')")
+                                      "'embedded-sibling': the embedded model's shipped head / sibling): every "
+                                      "drafted setting is run twice, with Jacobi drafts and with this model's "
+                                      "(labelled '+ drafter')")
     ap.add_argument("--resolution", type=int)
     ap.add_argument("--prompts", default=str(PROMPTS))
     ap.add_argument("--modes", nargs="+", default=["ar", "sjd", "gsd", "lantern", "vvs"])

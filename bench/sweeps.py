@@ -11,16 +11,34 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from ..sampling.config import KNOBS, MODES, ConfigError, DecodeConfig, parse
+from ..sampling.config import KNOBS, MODES, ConfigError, DecodeConfig, Knob, parse
+
+
+def knob_keys(k: Knob) -> list[str]:
+    """The keys a sweep accepts for knob ``k``: its symbol, field, node label and aliases."""
+    return list(dict.fromkeys((k.symbol, k.name, k.label, *k.aliases)))
 
 
 def sweep_keys() -> dict[str, list[str]]:
     """Every key a sweep accepts -> the fields it may mean (one, or a symbol shared by rules)."""
     keys: dict[str, list[str]] = {}
     for k in KNOBS.values():
-        for key in dict.fromkeys((k.name, k.symbol, k.label, *k.aliases)):
+        for key in knob_keys(k):
             keys.setdefault(key, []).append(k.name)
     return keys
+
+
+def sweep_help(width: int = 100) -> str:
+    """Every sweep key with its knob's help and range, for ``spec-ar bench --help``."""
+    import textwrap
+
+    lines = ["sweep keys (--sweep MODE:KEY=V1,V2[;KEY=...]): each knob answers to every name listed; delta is "
+             "GSD's or LANTERN's by the mode"]
+    for k in KNOBS.values():
+        text = f"{', '.join(knob_keys(k))}: {k.help} ({k.range_text()})"
+        lines += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False,
+                               break_long_words=False)
+    return "\n".join(lines)
 
 
 def _field(mode: str, key: str, base: DecodeConfig) -> str:

@@ -10,7 +10,7 @@ from dataclasses import fields
 import pytest
 
 from spec_ar.bench.sweeps import parse_sweep, sweep_keys
-from spec_ar.cli import _config_args
+from spec_ar.cli import _config_args, literal
 from spec_ar.nodes import common
 from spec_ar.sampling.config import KNOBS, SURFACES, ConfigError, DecodeConfig, check
 
@@ -29,7 +29,7 @@ def test_every_field_but_the_mode_and_the_draft_source_is_a_knob():
 @pytest.mark.parametrize("name", list(KNOBS))
 def test_each_knob_is_on_the_command_line_with_its_choices(name):
     k, action = KNOBS[name], cli_options()[name]
-    assert action.option_strings == [k.option] and k.help in action.help
+    assert action.option_strings == [k.option] and literal(k.help) in action.help
     if k.choices:
         assert list(action.choices) == [c for c in k.choices if c is not None]
     else:
@@ -55,6 +55,7 @@ def test_each_shown_knob_is_a_sampler_widget_with_the_same_range(name):
     k = KNOBS[name]
     w = {w["field"]: w for w in common.sampler_widgets()}[name]
     assert w["label"] == k.label and w["uses"] == list(k.uses) and k.help in w["tooltip"]
+    assert f"Symbol {k.symbol}; {k.range_text()}" in w["tooltip"]  # what the node's tooltip shows of the table
     if k.choices:
         assert [o for o in w["options"] if o != common.AUTO] == [c for c in k.choices if c is not None]
     else:
