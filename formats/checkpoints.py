@@ -21,11 +21,12 @@ class CheckpointError(ValueError):
     """A file that is not a checkpoint of the expected kind."""
 
 
-def load_file(path: str | pathlib.Path) -> dict:
+def load_file(path: str | pathlib.Path, mmap: bool = True) -> dict:
     """The object stored in ``path``: a safetensors dict, or a torch pickle read with
     ``weights_only=True``.  Training checkpoints of some families carry their
     ``argparse.Namespace`` of arguments; that plain container is allowed, nothing
-    else beyond what ``weights_only`` admits."""
+    else beyond what ``weights_only`` admits.  ``mmap=False`` reads a pickle whole
+    (for a file that is written again while its tensors are in use)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file")
@@ -40,21 +41,32 @@ def load_file(path: str | pathlib.Path) -> dict:
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             try:
-                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
             except RuntimeError as err:  # mmap needs the zip format; older files are read whole
                 if "mmap" not in str(err):
                     raise
                 return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # an unpicklable, unsafe or corrupt file
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        refused = re.search(r"Unsupported global: (?:GLOBAL )?(\S+)", str(err))
-        if refused or "Weights only load failed" in first:
-            what = f" ({refused.group(1)})" if refused else ""
-            raise CheckpointError(f"{path}: refused: it pickles a non-tensor object{what} and checkpoints are only "
-                                  "read weights-only (plain tensors); if you trust the file, re-save just its "
-                                  "tensors, e.g. torch.save({'state_dict': ckpt['state_dict']}, path)") from err
+        if refused_pickle(err):
+            raise refusal(path, err) from None  # torch's own text advises weights_only=False: never relayed
         raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint ({first}); the file may be "
-                              "truncated or damaged: download it again") from err
+                              "truncated or damaged: download it again") from None
+
+
+def refused_pickle(err: BaseException) -> bool:
+    """Whether ``err`` is torch's weights-only unpickler refusing an object (from any caller, transformers too)."""
+    text = str(err)
+    return "Weights only load failed" in text or "Unsupported global" in text or "weights_only" in text
+
+
+def refusal(path, err: BaseException | None = None) -> CheckpointError:
+    """The pack's one message for a pickle that holds more than tensors."""
+    found = re.search(r"Unsupported global: (?:GLOBAL )?(\S+)", str(err or ""))
+    what = f" ({found.group(1)})" if found else ""
+    return CheckpointError(f"{path}: refused: it pickles a non-tensor object{what} and checkpoints are only read "
+                           "weights-only (plain tensors); if you trust the file, re-save just its tensors, e.g. "
+                           "torch.save({'state_dict': ckpt['state_dict']}, path), or use its .safetensors release")
 
 
 class _safetensors_errors:
@@ -172,7 +184,7 @@ def from_pretrained(cls, folder: str | pathlib.Path, what: str, dtype: torch.dty
             raise CheckpointError(f"{f}: missing (the folder's weight index names it): the download is incomplete")
         if f.suffix == ".safetensors":
             peek(f)  # a damaged header is named here, with the file
-    return hf_call(lambda: cls.from_pretrained(str(folder), local_files_only=True, **kwargs), folder, what)
+    return hf_call(lambda: cls.from_pretrained(str(folder), local_files_only=True, **kwargs), folder, what, files)
 
 
 def tokenizer_from_pretrained(folder: str | pathlib.Path, what: str = "its tokenizer"):
@@ -181,12 +193,21 @@ def tokenizer_from_pretrained(folder: str | pathlib.Path, what: str = "its token
     return hf_call(lambda: AutoTokenizer.from_pretrained(str(folder), local_files_only=True), folder, what)
 
 
-def hf_call(call, folder, what):
+def hf_call(call, folder, what, files: Iterable[pathlib.Path] = ()):
+    """``call()`` (a transformers loader), its failures one error naming ``folder``;
+    a weights-only refusal names the weight file among ``files`` that carries it."""
     try:
         return call()
     except torch.OutOfMemoryError:
         raise
-    except (OSError, RuntimeError, ValueError, TypeError, KeyError) as err:
+    except Exception as err:
+        if not refused_pickle(err) and not isinstance(err, (OSError, RuntimeError, ValueError, TypeError, KeyError)):
+            raise
+        if refused_pickle(err):
+            for f in files:
+                if f.suffix in TORCH_SUFFIXES:
+                    load_file(f)  # raises the refusal naming the file
+            raise refusal(folder, err) from None
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()] or [type(err).__name__]
-        detail = next((ln for ln in lines if "size mismatch" in ln or "Weights only" in ln), lines[0])
+        detail = next((ln for ln in lines if "size mismatch" in ln), lines[0])
         raise CheckpointError(f"{folder}: cannot be loaded as {what} ({detail[:300]})") from None

@@ -95,3 +95,34 @@ def test_every_mode_decodes_images(folders, batch):
         images = model.decode(res.image_tokens(model.adapter.layout))
         assert images.shape == (batch, 3, 8, 8)
         assert 0 <= float(images.min()) and float(images.max()) <= 1
+
+
+class Payload:
+    """Any class outside the weights-only allowlist: what a pickle that runs code unpickles to."""
+
+    def __reduce__(self):
+        return (print, ("this pickle runs code",))
+
+
+@pytest.mark.parametrize("layout", ["hf", "original"])
+def test_a_janus_pickle_that_runs_code_is_refused_in_the_packs_words(folders, tmp_path, layout, capsys):
+    import shutil
+
+    from spec_ar.cli import main
+    from spec_ar.formats.checkpoints import CheckpointError
+
+    folder = tmp_path / f"evil-{layout}"
+    shutil.copytree(folders[layout], folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    torch.save({**folders["model"].state_dict(), "payload": Payload()}, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError) as refused:
+        janus.load_model(folder)
+    text = str(refused.value)
+    assert text.startswith(f"{folder / 'pytorch_model.bin'}: refused: it pickles a non-tensor object (")
+    assert "weights_only" not in text and "will likely succeed" not in text
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__  # no torch text in a traceback
+    code = main(["render", "--model", str(folder), "--prompt", "a red circle", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "refused: it pickles a non-tensor object" in err and "weights_only" not in err
+    assert "this pickle runs code" not in capsys.readouterr().out

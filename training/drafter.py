@@ -29,7 +29,6 @@ from the last saved training step (``--work/train_state.pt``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import pathlib
 import time
@@ -37,7 +36,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..formats.checkpoints import CheckpointError, load_file
+from ..formats.checkpoints import load_file
 from ..loaders.draft_head import DraftHead, HeadSpec, save_head
 from ..prompt_files import read_prompts
 from ..sampling import ConfigError, DecodeConfig, ImageAdapter, SpeculativeDecoder
@@ -190,7 +189,7 @@ def train(head, adapter, tokens, feats, steps: int, batch: int, lr: float, cfg: 
     rope = head.rope_table(tokens.shape[1]).to(device)
     state_path, step = work / "train_state.pt", 0
     if state_path.is_file():
-        state = torch.load(state_path, map_location=device, weights_only=True)
+        state = load_file(state_path, mmap=False)  # it is saved again over itself as training goes on
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
         step, gen = state["step"], torch.Generator().manual_seed(seed + state["step"])
