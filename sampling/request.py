@@ -2,9 +2,10 @@
 conditions, their negative prompts and one seed per image."""
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
-from .config import ConfigError
+from .config import ConfigError, shorten
 
 
 def normalize_request(conditions: Sequence, negatives: Sequence | None, seeds) -> tuple[list, list | None, list]:
@@ -25,9 +26,27 @@ def normalize_request(conditions: Sequence, negatives: Sequence | None, seeds) -
     kinds = {type(c) for c in conditions}
     if len(kinds) > 1:
         raise ConfigError(f"conditions must all be of one type (got {sorted(k.__name__ for k in kinds)})")
-    if isinstance(seeds, int):
-        seeds = [seeds + i for i in range(len(conditions))]
-    seeds = list(seeds)
-    if len(seeds) != len(conditions) or not all(isinstance(s, int) for s in seeds):
-        raise ConfigError(f"seeds must be one integer per prompt ({len(conditions)}), got {seeds!r}")
-    return conditions, negatives, seeds
+    allowed = f"an integer (image i gets seed + i) or one integer per prompt ({len(conditions)})"
+    first = integer(seeds)
+    if first is not None:
+        return conditions, negatives, [first + i for i in range(len(conditions))]
+    try:
+        if isinstance(seeds, (str, bytes)):
+            raise TypeError
+        values = [integer(s) for s in seeds]
+    except TypeError:  # not iterable (a float, a 0-d tensor)
+        raise ConfigError(f"seeds must be {allowed}, got {shorten(seeds)}") from None
+    if len(values) != len(conditions) or None in values:
+        raise ConfigError(f"seeds must be {allowed}, got {shorten(seeds)}")
+    return conditions, negatives, values
+
+
+def integer(value) -> int | None:
+    """``value`` as a Python int if it is integer-like (int, numpy and torch integer
+    scalars), else None: floats and booleans are not seeds."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None

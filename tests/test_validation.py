@@ -2,10 +2,11 @@
 the model runs."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder, generate
 
 from .fakes import TabularAdapter
 
@@ -40,7 +41,7 @@ def test_bad_settings(settings, message):
     (dict(conditions=[]), "conditions must hold at least one prompt"),
     (dict(conditions=[0, 1], negatives=[0, 1, 1]), "negatives must hold one negative prompt, or one per prompt (2), got 3"),
     (dict(conditions=[0, "a cat"]), "conditions must all be of one type"),
-    (dict(conditions=[0, 1], seeds=[1]), "seeds must be one integer per prompt (2)"),
+    (dict(conditions=[0, 1], seeds=[1]), "seeds must be an integer (image i gets seed + i) or one integer per prompt (2), got [1]"),
 ])
 def test_mismatched_batches(call, message):
     model = TabularAdapter()
@@ -101,3 +102,21 @@ def test_a_group_larger_than_the_vocabulary_is_the_whole_ranking():
     runs = [SpeculativeDecoder(model, DecodeConfig(mode="gsd", window=3, group_size=g)).generate([0, 1], seeds=2)
             for g in (9, 1000)]
     assert torch.equal(runs[0].tokens, runs[1].tokens)
+
+
+@pytest.mark.parametrize("seeds", [np.int64(3), np.uint8(3), torch.tensor(3), [np.int32(3), torch.tensor(4)],
+                                   np.array([3, 4]), torch.tensor([3, 4]), (3, 4)])
+def test_integer_like_seeds_are_seeds(seeds):
+    model = TabularAdapter()
+    want = generate(model, [0, 1], DecodeConfig(window=3), seeds=3).tokens
+    assert torch.equal(generate(model, [0, 1], DecodeConfig(window=3), seeds=seeds).tokens, want)
+
+
+@pytest.mark.parametrize("seeds", [3.0, np.float64(3), torch.tensor(3.0), "3", [1.5, 2], [True, 2], True, None,
+                                   torch.tensor([[3, 4]]), object()])
+def test_anything_else_is_one_error_naming_seeds(seeds):
+    model = TabularAdapter()
+    with pytest.raises(ConfigError, match=r"^seeds must be an integer \(image i gets seed \+ i\) or one integer per "
+                                          r"prompt \(2\), got "):
+        generate(model, [0, 1], DecodeConfig(window=3), seeds=seeds)
+    assert model.calls == []
