@@ -22,6 +22,13 @@ def norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
 
 
+def unit_range(x: torch.Tensor) -> torch.Tensor:
+    """Pixels clamped to [0, 1], and NaN where ``x`` is not finite: a clamp alone turns
+    an overflow (infinity) into white or black, which the check after decoding
+    (``sampling.checks.check_images``) could then not see."""
+    return torch.where(torch.isfinite(x), x.clamp(0, 1), torch.nan)
+
+
 def swish(x):
     return x * torch.sigmoid(x)
 

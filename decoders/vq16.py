@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats.checkpoints import CheckpointError, load_file, load_weights, state_dict
-from .blocks import AttnBlock, Downsample, ResnetBlock, Upsample, decoder_bytes, norm, swish
+from .blocks import AttnBlock, Downsample, ResnetBlock, Upsample, decoder_bytes, norm, swish, unit_range
 
 
 class _Level(nn.Module):
@@ -224,4 +224,4 @@ class VQ16Decoder:
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes ``[B, h, w]`` -> images ``[B, 3, H, W]`` float32 in [0, 1]."""
         x = self.model.decode_codes(codes.to(self.device).long()).float()
-        return ((x + 1) / 2).clamp_(0, 1)
+        return unit_range((x + 1) / 2)

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..formats.checkpoints import CheckpointError, load_file, state_dict
 from ..formats.yaml_subset import load_yaml
-from .blocks import AttnBlock, Downsample, ResnetBlock, Upsample, decoder_bytes, norm, swish
+from .blocks import AttnBlock, Downsample, ResnetBlock, Upsample, decoder_bytes, norm, swish, unit_range
 
 YAML_NAME, CKPT_NAME = "vqgan.yaml", "vqgan.ckpt"
 
@@ -316,4 +316,4 @@ class VQGANDecoder:
         if codes.numel() and (codes.min() < 0 or codes.max() >= self.spec.n_embed):
             raise ValueError(f"codes must lie in [0, {self.spec.n_embed}), got {codes.min()}..{codes.max()}")
         x = self.model.decode_codes(codes).float()
-        return ((x + 1) / 2).clamp_(0, 1)
+        return unit_range((x + 1) / 2)

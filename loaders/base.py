@@ -8,6 +8,7 @@ import torch
 
 from ..decoders.blocks import decoder_bytes
 from ..sampling.adapter import ImageAdapter
+from ..sampling.checks import check_images
 from ..sampling.config import ConfigError
 from ..sampling.memory import HEADROOM, check_fits, free_bytes
 
@@ -57,14 +58,16 @@ class LoadedModel:
     def decode_images(self, tokens: torch.Tensor, decode=None) -> torch.Tensor:
         """Image tokens ``[B, rows, cols]`` -> images ``[B, 3, H, W]`` float32 in [0, 1] on
         the CPU, decoded as many at a time as the free memory holds (``decode``: another
-        decoder than the model's own)."""
+        decoder than the model's own); NaN or infinity in a picture is a
+        :class:`~..sampling.checks.NonFiniteImageError`."""
         return decode_in_chunks(decode or self.decode, tokens, self.decode_bytes_per_image, self.device)
 
 
 def decode_in_chunks(decode, tokens: torch.Tensor, bytes_per_image: int, device) -> torch.Tensor:
     free = free_bytes(device) if bytes_per_image else None
     chunk = len(tokens) if free is None else max(1, int(HEADROOM * free // bytes_per_image))
-    return torch.cat([decode(tokens[i:i + chunk]).float().cpu() for i in range(0, len(tokens), chunk)])
+    return torch.cat([check_images(decode(tokens[i:i + chunk]).float().cpu(), first=i)
+                      for i in range(0, len(tokens), chunk)])
 
 
 def vq_decoder_bytes(vq_config, side: int, dtype: torch.dtype) -> int:

@@ -37,11 +37,12 @@ import unicodedata
 import regex  # installed with transformers
 import torch
 
+from ..decoders.blocks import unit_range
 from ..formats.checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, transformers_config
-from .hf_cache import RaggedCache, RaggedCacheAdapter
+from .hf_cache import RaggedCache, RaggedCacheAdapter, cache_argument
 
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
                     "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
@@ -207,7 +208,7 @@ class Emu3Adapter(RaggedCacheAdapter):
         self.batch = len(conditions)
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
         self.prompt_rows = (ids, pad_mask)  # a draft head that reads the prompt takes them
-        self.cache = RaggedCache()
+        self.cache = RaggedCache(argument=cache_argument(self.text))
         hidden = self._keep(self.text(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
         return self._logits(hidden[:, -1])
@@ -229,7 +230,7 @@ class Emu3Adapter(RaggedCacheAdapter):
         if bool((codes < 0).any()):
             raise ValueError("Emu3 decode: the tokens include ids that are not visual tokens")
         pixels = self.model.model.vqmodel.decode(codes)
-        return (pixels.float() * self.std + self.mean).clamp_(0, 1)
+        return unit_range(pixels.float() * self.std + self.mean)
 
 
 def allowed_resolutions(downsample: int, max_positions: int) -> range:

@@ -26,12 +26,13 @@ import re
 
 import torch
 
+from ..decoders.blocks import unit_range
 from ..formats.checkpoints import (CheckpointError, from_pretrained, load_file, read_json, state_dict,
                                    tokenizer_from_pretrained, weight_files)
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, transformers_config
-from .hf_cache import RaggedCache, RaggedCacheAdapter
+from .hf_cache import RaggedCache, RaggedCacheAdapter, cache_argument
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
 EMPTY_TEMPLATE = "<|User|>:<|Assistant|>:"  # a turn without content is written "role:"
@@ -210,7 +211,7 @@ class JanusAdapter(RaggedCacheAdapter):
         self.batch = len(conditions)
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
         self.prompt_rows = (ids, pad_mask)  # a draft head that reads the prompt takes them
-        self.cache = RaggedCache()
+        self.cache = RaggedCache(argument=cache_argument(self.lm))
         embeds = self.model.get_input_embeddings()(ids)
         hidden = self._keep(self.lm(inputs_embeds=embeds, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
@@ -235,7 +236,7 @@ class JanusAdapter(RaggedCacheAdapter):
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """Image tokens ``[B, rows, cols]`` -> images ``[B, 3, H, W]`` in [0, 1]."""
         pixels = self.model.model.vqmodel.decode(tokens.flatten(1).to(self.device))
-        return ((pixels.float() + 1) / 2).clamp_(0, 1)
+        return unit_range((pixels.float() + 1) / 2)
 
 
 def load(folder, device="cpu", dtype=torch.float32):

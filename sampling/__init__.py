@@ -6,7 +6,7 @@
 """
 from .adapter import ImageAdapter, TokenLayout
 from .config import DRAFT_INITS, MODES, ConfigError, DecodeConfig
-from .checks import NonFiniteError
+from .checks import NonFiniteError, NonFiniteImageError
 from .engine import DecodeResult, SpeculativeDecoder, StepEvent
 from .head_drafts import HeadDrafts
 from .model_drafts import ModelDrafts
@@ -20,5 +20,6 @@ def generate(adapter, conditions, config: DecodeConfig | None = None, negatives=
 
 __all__ = [
     "ConfigError", "DecodeConfig", "DecodeReport", "DecodeResult", "DRAFT_INITS", "HeadDrafts", "ImageAdapter",
-    "MODES", "ModelDrafts", "NonFiniteError", "ORIGINS", "SpeculativeDecoder", "StepEvent", "TokenLayout", "generate",
+    "MODES", "ModelDrafts", "NonFiniteError", "NonFiniteImageError", "ORIGINS", "SpeculativeDecoder", "StepEvent",
+    "TokenLayout", "generate",
 ]

@@ -17,6 +17,26 @@ class NonFiniteError(ValueError):
             "model in bfloat16 or float32")
 
 
+class NonFiniteImageError(NonFiniteError):
+    """The VQ decoder turned valid codes into NaN or infinity: no picture to show."""
+
+    def __init__(self, sample: int):
+        self.step, self.sample, self.position = "decode", sample, None
+        ValueError.__init__(
+            self, f"the VQ decoder's output for image {sample} of the batch (the decode step, after sampling) holds "
+                  "NaN or infinity, so there is no picture to save; float16 decoders overflow like this: load the "
+                  "model in bfloat16 or float32")
+
+
+def check_images(images: torch.Tensor, first: int = 0) -> torch.Tensor:
+    """``images`` ``[B, ...]`` as they are, or :class:`NonFiniteImageError` naming the first
+    bad one (numbered from ``first``): NaN would otherwise be written as black."""
+    bad = ~torch.isfinite(images.flatten(1)).all(1)
+    if bool(bad.any()):
+        raise NonFiniteImageError(first + int(bad.nonzero()[0]))
+    return images
+
+
 def raise_if_nonfinite(bad: list[bool], step: int, positions: list[int]):
     for b, flag in enumerate(bad):
         if flag:

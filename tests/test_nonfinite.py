@@ -60,3 +60,41 @@ def test_float16_overflow_in_a_real_model_is_caught(tmp_path):
             SpeculativeDecoder(adapter, DecodeConfig(mode=mode, cfg_scale=1.0)).generate([3], seeds=0)
     logits = adapter.gpt.output(torch.ones(1, gpt.spec.dim, dtype=torch.half))
     assert torch.isinf(logits).any()  # the overflow is real, not injected
+
+
+def test_a_decoder_that_returns_nan_is_refused_naming_the_decode_step():
+    from spec_ar.loaders.base import decode_in_chunks
+    from spec_ar.sampling import NonFiniteImageError
+
+    def decode(tokens):  # the second image of each call comes back broken
+        images = torch.rand(len(tokens), 3, 8, 8)
+        images[1:2, 0, 3, 3] = float("nan")
+        return images
+
+    tokens = torch.zeros(4, 2, 2, dtype=torch.long)
+    with pytest.raises(NonFiniteImageError) as err:
+        decode_in_chunks(decode, tokens, 0, "cpu")
+    assert err.value.sample == 1 and err.value.step == "decode"
+    assert str(err.value).startswith("the VQ decoder's output for image 1 of the batch (the decode step")
+    assert isinstance(err.value, NonFiniteError)  # a user error on every surface, as a bad distribution is
+
+
+@pytest.mark.parametrize("poison", [float("inf"), float("nan")])
+def test_an_overflowing_real_decoder_is_an_error_not_a_black_picture(poison, tmp_path, monkeypatch, capsys):
+    """The embedded model's VQ decoder with a poisoned output layer: infinity must not
+    be clamped into a white or black picture, NaN not written as black."""
+    from spec_ar.cli import main
+    from spec_ar.loaders import detect, embedded
+    from spec_ar.sampling import NonFiniteImageError
+
+    model = embedded.load()
+    with torch.no_grad():
+        model.modules["vq"].decoder.conv_out.bias[0] = poison
+    tokens = torch.zeros(2, 16, 16, dtype=torch.long)
+    with pytest.raises(NonFiniteImageError, match="image 0 of the batch"):
+        model.decode_images(tokens)
+    monkeypatch.setattr(detect, "load_model", lambda *a, **k: model)
+    code = main(["render", "--model", "embedded", "--prompt", "a red circle", "--mode", "ar",
+                 "--out", str(tmp_path / "out")])
+    assert code == 2 and "the VQ decoder's output for image 0" in capsys.readouterr().err
+    assert not list((tmp_path / "out").glob("*.png"))
