@@ -51,7 +51,7 @@ from ..formats.checkpoints import (CheckpointError, dtype_kwarg, from_pretrained
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, LoadOptions, transformers_config
-from .hf_cache import RaggedCache, RaggedCacheAdapter
+from .hf_cache import RaggedCache, RaggedCacheAdapter, cache_argument
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
 END_OF_TURN = "<reserved08706>"  # id 8710: Lumina's conversation separator, Anole's <END-OF-TURN> sentinel
@@ -195,7 +195,7 @@ class ChameleonAdapter(RaggedCacheAdapter):
         self.batch = len(conditions)
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
         self.prompt_rows = (ids, pad_mask)  # a draft head that reads the prompt takes them
-        self.cache = RaggedCache()
+        self.cache = RaggedCache(argument=cache_argument(self.inner))
         hidden = self._keep(self.inner(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
         return self._logits(hidden[:, -1])

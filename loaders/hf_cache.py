@@ -10,19 +10,30 @@ columns no row uses are cropped, and when holes pile up the rows are compacted
 
 Works with transformers 4.52 to 5.x: it touches only ``cache.layers[i].keys``
 and ``.values`` and passes ``attention_mask`` (exactly past + new long) and
-``position_ids``, never ``cache_position``.
+``position_ids``, never ``cache_position``; the cache goes in by the name the
+model's ``forward`` takes (:func:`cache_argument`).
 """
 from __future__ import annotations
+
+import inspect
 
 import torch
 
 from ..sampling.adapter import ImageAdapter
 
 
+def cache_argument(module: torch.nn.Module) -> str:
+    """The keyword ``module.forward`` takes its KV cache by: ``cache`` in the transformers
+    releases that renamed it (where ``past_key_values`` warns, and goes in 5.40), else
+    ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 class RaggedCache:
-    def __init__(self, slack: int = 64):
+    def __init__(self, slack: int = 64, argument: str = "past_key_values"):
         from transformers import DynamicCache
 
+        self.argument = argument  # forward's keyword for the cache (cache_argument)
         self.cache = DynamicCache()
         self.mask: torch.Tensor | None = None  # [rows, physical] 1 = valid
         self.valid: list[int] = []  # valid positions per row
@@ -42,7 +53,7 @@ class RaggedCache:
         self._added = pad_mask.sum(1).tolist()
         self._tree = None
         positions = (pad_mask.cumsum(1) - 1).clamp(min=0)
-        return {"attention_mask": pad_mask, "position_ids": positions, "past_key_values": self.cache,
+        return {"attention_mask": pad_mask, "position_ids": positions, self.argument: self.cache,
                 "use_cache": True}
 
     def step_inputs(self, L: int) -> dict:
@@ -53,7 +64,7 @@ class RaggedCache:
         self._added = [L] * len(self.valid)
         self._tree = None
         positions = torch.tensor(self.valid, device=device).unsqueeze(1) + torch.arange(L, device=device)
-        return {"attention_mask": self._next_mask, "position_ids": positions, "past_key_values": self.cache,
+        return {"attention_mask": self._next_mask, "position_ids": positions, self.argument: self.cache,
                 "use_cache": True}
 
     def tree_inputs(self, parents: torch.Tensor) -> dict:
@@ -73,7 +84,7 @@ class RaggedCache:
         prefix = self.mask.bool()[:, None, :].expand(-1, N, -1)
         allowed = torch.cat([prefix, within], 2).unsqueeze(1)  # [rows, 1, N, physical + N]
         positions = torch.tensor(self.valid, device=device).unsqueeze(1) + within.sum(-1) - 1
-        return {"attention_mask": allowed, "position_ids": positions, "past_key_values": self.cache,
+        return {"attention_mask": allowed, "position_ids": positions, self.argument: self.cache,
                 "use_cache": True}
 
     def keep_tree(self, nodes: torch.Tensor, counts: list[int]):
