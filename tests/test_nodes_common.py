@@ -157,7 +157,7 @@ def test_partial_preview_greys_rows_not_yet_committed():
 
 
 def test_knob_visibility_lists_for_each_mode_the_knobs_it_reads():
-    from spec_ar.sampling.config import KNOBS, MODES
+    from spec_ar.sampling.config import MODES
 
     table = common.knob_visibility()
     by_label = {w["label"]: w["field"] for w in common.sampler_widgets()}

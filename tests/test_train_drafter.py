@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from spec_ar.cli import main
 from spec_ar.loaders.detect import load_drafter, load_model

@@ -8,7 +8,7 @@ import torch
 from spec_ar.loaders import llamagen
 from spec_ar.sampling.tree import ancestors, chain, depths
 
-from .checkpoints import random_gpt, tiny_gpt_spec, write_gpt, write_vq
+from .checkpoints import random_gpt, tiny_gpt_spec
 
 # two samples, seven nodes: sample 0 a bushy tree, sample 1 a chain with a side branch
 PARENTS = torch.tensor([[-1, -1, 0, 0, 1, 2, 2],
