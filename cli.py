@@ -77,13 +77,12 @@ def _render(args) -> int:
         raise ConfigError("give --prompt (text-conditional models) or --class-id (class-conditional ones), not both")
     out = writable_folder(args.out, "--out")
     device = resolve_device(args.device)
-    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
-        args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")]
     config = DecodeConfig(mode=args.mode, **settings).validate(surface="cli")
     if args.drafter and not config.drafts:
         raise ConfigError(f"--drafter drafts for the speculative modes, not --mode {args.mode}")
-    model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, dtype, args.width,
+    model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, args.dtype, args.width,
                        args.height)
+    dtype = model.storage.name
     for warning in model.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.resolution and args.resolution != model.resolution:
@@ -178,8 +177,17 @@ def _dispatch(argv: list[str]) -> int:
     return args.run(args)
 
 
+def dtype_help() -> str:
+    """``--dtype``'s help, from the storage table (shared with ``spec-ar bench``)."""
+    from .loaders.storage import AUTO_HELP, STORAGES
+
+    return "how the weights are stored: " + "; ".join(f"{n}: {s.help}" for n, s in STORAGES.items()) + \
+        f"; auto: {AUTO_HELP} (default)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``spec-ar``'s parser; the subcommands in :data:`PASSTHROUGH` parse their own options."""
+    from .loaders.storage import STORAGES
     from .sampling.config import MODE_HELP
 
     ap = argparse.ArgumentParser(prog="spec-ar", description="Speculative decoding for autoregressive image models. "
@@ -230,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--width", type=int, help="image width in pixels (Lumina-mGPT: any multiple of 32)")
     render.add_argument("--height", type=int, help="image height in pixels")
     render.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when present)")
-    render.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    render.add_argument("--dtype", choices=["auto", *STORAGES], default="auto", help=literal(dtype_help()))
     render.add_argument("--out", default="out/render", help="output folder (default: out/render)")
     _config_args(render)
     render.set_defaults(run=_render)

@@ -314,7 +314,8 @@ def run(args, log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    """``spec-ar bench [options]``, or ``spec-ar bench overhead [options]`` (the engine's own cost)."""
+    """``spec-ar bench [options]``, ``spec-ar bench overhead [options]`` (the engine's own cost), or
+    ``spec-ar bench storage [options]`` (weight storage options side by side)."""
     from ..embedded.demo import PROMPTS
     from .sweeps import sweep_help
 
@@ -323,6 +324,10 @@ def main(argv=None) -> int:
         from .overhead import main as overhead
 
         return overhead(argv[1:])
+    if argv[:1] == ["storage"]:
+        from .storage import main as storage
+
+        return storage(argv[1:])
 
     ap = argparse.ArgumentParser(prog="spec-ar bench", description=__doc__, epilog=sweep_help(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -7,9 +7,11 @@ becomes one :class:`CheckpointError` naming the file and what to do.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import re
+import threading
 from typing import Iterable
 
 import torch
@@ -140,11 +142,33 @@ def peek(path: str | pathlib.Path) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes of a checkpoint file, without loading safetensors data."""
     path = pathlib.Path(path)
     if path.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        with _safetensors_errors(path), safe_open(str(path), framework="pt") as f:
-            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        return {k: tuple(v["shape"]) for k, v in safetensors_header(path).items()}
     return {k: tuple(v.shape) for k, v in state_dict(load_file(path)).items()}
+
+
+def safetensors_header(path: pathlib.Path) -> dict[str, dict]:
+    """A .safetensors file's tensor entries (dtype, shape, data offsets), read from its
+    header alone: no memory map, which a file larger than the machine's memory can
+    be refused (safetensors maps the whole file to read its header)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 2 <= n <= min(size - 8, 100 << 20):
+                raise ValueError(f"header length {n} does not fit a file of {size} bytes")
+            header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("the header is no JSON object")
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
+        if 8 + n + end > size:
+            raise ValueError(f"the tensors end at byte {8 + n + end} of a {size}-byte file")
+        return tensors
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: not a valid .safetensors file ({detail}); it is truncated or damaged, or "
+                              "not a checkpoint: download it again") from None
 
 
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
@@ -175,6 +199,14 @@ def from_pretrained(cls, folder: str | pathlib.Path, what: str, dtype: torch.dty
     folder = pathlib.Path(folder)
     if dtype is not None:
         kwargs.update(dtype_kwarg(dtype))
+    files = checked_weight_files(folder)
+    return hf_call(lambda: cls.from_pretrained(str(folder), local_files_only=True, **kwargs), folder, what, files)
+
+
+def checked_weight_files(folder: str | pathlib.Path) -> list[pathlib.Path]:
+    """:func:`weight_files` of a transformers folder, each there and (safetensors) with a readable
+    header; one error naming the folder or the file otherwise."""
+    folder = pathlib.Path(folder)
     files = weight_files(folder)
     if not files:
         raise CheckpointError(f"{folder}: no weights (model*.safetensors or pytorch_model*.bin) beside its "
@@ -184,7 +216,133 @@ def from_pretrained(cls, folder: str | pathlib.Path, what: str, dtype: torch.dty
             raise CheckpointError(f"{f}: missing (the folder's weight index names it): the download is incomplete")
         if f.suffix == ".safetensors":
             peek(f)  # a damaged header is named here, with the file
-    return hf_call(lambda: cls.from_pretrained(str(folder), local_files_only=True, **kwargs), folder, what, files)
+    return files
+
+
+# -- loading without a second copy of the weights ---------------------------------------
+# A file's memory map keeps every page that was read resident until the file's last tensor
+# is released.  Tensors used as stored can stay mapped (read on first use, resident once);
+# tensors that are converted are read so that their source goes as soon as the copy exists:
+# safetensors through a map of their own, pickles as plain reads.  Loading then never holds
+# the weights twice, whatever dtype is asked for.
+
+def _converts(t: torch.Tensor, dtype: torch.dtype | None) -> bool:
+    return dtype is not None and t.is_floating_point() and t.dtype != dtype
+
+
+def _read_safetensors(path: pathlib.Path, dtype, lazy: bool) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    with _safetensors_errors(path):
+        with safe_open(str(path), framework="pt") as f:
+            mapped = {k: f.get_tensor(k) for k in f.keys()}  # views of one map: nothing is read yet
+        copied = [k for k, t in mapped.items() if not lazy or _converts(t, dtype)]
+        out = {}
+        for k in copied:
+            del mapped[k]
+            with safe_open(str(path), framework="pt") as f:  # a map per tensor, gone with its source
+                t = f.get_tensor(k)
+                out[k] = t.to(dtype) if _converts(t, dtype) else t.clone()
+            del t
+    out.update(mapped)
+    return out
+
+
+def _read_pickle(path: pathlib.Path, dtype, lazy: bool) -> dict[str, torch.Tensor]:
+    if lazy:
+        sd = state_dict(load_file(path))  # memory-mapped: tensors used as stored are read when first used
+        if not any(_converts(t, dtype) for t in sd.values()):
+            return sd
+        del sd
+    sd = state_dict(load_file(path, mmap=False))  # a storage each, so each source can go once converted
+    done = {}  # tensors the file stores once under several names stay one tensor
+    for k in list(sd):
+        t = sd[k]
+        if _converts(t, dtype):
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+            if key not in done:
+                done[key] = t.to(dtype)
+            sd[k] = done[key]
+        del t
+    return sd
+
+
+def read_weights(files: Iterable[str | pathlib.Path], dtype: torch.dtype | None = None,
+                 lazy: bool = True) -> dict[str, torch.Tensor]:
+    """Every tensor of ``files`` (safetensors, or weights-only pickles, unwrapped by :func:`state_dict`),
+    the floating ones in ``dtype``, with at most one tensor held twice at any time.  Tensors already in
+    ``dtype`` stay memory-mapped unless ``lazy`` is false (for a caller that rewrites them and wants each
+    source freed as it goes)."""
+    out = {}
+    for f in map(pathlib.Path, files):
+        if not f.is_file():
+            raise CheckpointError(f"{f}: no such file")
+        read = _read_safetensors if f.suffix == ".safetensors" else _read_pickle
+        out.update(read(f, dtype, lazy))
+    return out
+
+
+_META_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Modules built inside get their parameters on the meta device (no memory, no random
+    initialisation) and their buffers as usual, so the buffers no checkpoint stores (rotary
+    frequencies, position ids) come out as the model's own code computes them."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+
+    with _META_LOCK:
+        torch.nn.Module.register_parameter = on_meta
+        try:
+            yield
+        finally:
+            torch.nn.Module.register_parameter = register
+
+
+def empty_model(cls, config):
+    """``cls(config)`` with its parameters on the meta device, for :func:`assign_weights`."""
+    with parameters_on_meta():
+        return cls(config)
+
+
+def assign_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source, what: str,
+                   optional: tuple[str, ...] = ()) -> None:
+    """Make ``weights`` the parameters of ``model`` (built by :func:`empty_model`) themselves, no copy,
+    after checking every name and shape: one error naming ``source`` and the first difference.
+    Parameters under an ``optional`` prefix that ``weights`` lacks are zeros (parts generation never
+    runs).  ``weights`` is emptied, so the model holds the only references and moving it to another
+    device frees each tensor as it goes."""
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    ignored = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []]
+    computed = {k for k, _ in model.named_buffers()} - set(want)  # old files may store rotary tables: recomputed
+    have = {k: v for k, v in weights.items() if k not in computed and not any(p.search(k) for p in ignored)}
+    weights.clear()
+    bad = next((k for k in want if k in have and tuple(have[k].shape) != want[k]), None)
+    if bad is not None:
+        raise CheckpointError(f"{source}: tensor {bad!r} has shape {list(have[bad].shape)} where {what} needs "
+                              f"{list(want[bad])}: the file is damaged or holds another model's weights")
+    missing = sorted(k for k in set(want) - set(have) if not k.startswith(optional))
+    unexpected = sorted(set(have) - set(want))
+    if missing or unexpected:
+        raise CheckpointError(f"{source}: the weights do not fit {what}: missing {missing[:4]}"
+                              f"{' ...' if len(missing) > 4 else ''}, unexpected {unexpected[:4]}"
+                              f"{' ...' if len(unexpected) > 4 else ''}")
+    model.load_state_dict(have, strict=False, assign=True)
+    del have
+    for name, p in list(model.named_parameters()):
+        if p.is_meta:  # an optional part the file lacks
+            owner, _, leaf = name.rpartition(".")
+            model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(
+                torch.zeros(p.shape, dtype=p.dtype), requires_grad=p.requires_grad)
+    left = [n for n, t in model.named_buffers() if t.is_meta]
+    if left:  # a transformers version with state this loader does not know of
+        raise RuntimeError(f"{what}: tensors left unset after loading {source}: {left[:4]}")
 
 
 def tokenizer_from_pretrained(folder: str | pathlib.Path, what: str = "its tokenizer"):

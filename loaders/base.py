@@ -34,6 +34,8 @@ class LoadedModel:
     decode_bytes_per_image: int = 0
     #: what the user should know about how the model was loaded (e.g. a guessed image grid)
     warnings: list[str] = field(default_factory=list)
+    #: how its weights are stored (``storage.Storage``), set by ``detect.load_model``
+    storage: object = None
 
     @property
     def resolution(self) -> int | None:

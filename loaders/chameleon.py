@@ -46,12 +46,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats.checkpoints import (CheckpointError, dtype_kwarg, from_pretrained, hf_call, load_file, peek,
-                                   read_json, state_dict, tokenizer_from_pretrained, weight_files)
+from ..formats.checkpoints import (CheckpointError, assign_weights, checked_weight_files, empty_model, hf_call, peek,
+                                   read_json, read_weights, tokenizer_from_pretrained)
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, LoadOptions, transformers_config
 from .hf_cache import RaggedCache, RaggedCacheAdapter, cache_argument
+from .storage import full_dtype, place
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
 END_OF_TURN = "<reserved08706>"  # id 8710: Lumina's conversation separator, Anole's <END-OF-TURN> sentinel
@@ -248,6 +249,13 @@ def norm_repeats(shapes: dict[str, tuple[int, ...]], config, source: str = "the 
 
 
 def load_model(folder, device="cpu", dtype=torch.float32):
+    """``(ChameleonForConditionalGeneration, tokenizer)`` from a folder in transformers' format or
+    Lumina-mGPT's, built with its parameters on the meta device and given the file's tensors, read in
+    ``dtype`` one at a time (no second copy of the weights, whatever the dtype asked for).
+
+    transformers' VQ *encoder* (``model.vqmodel``: it reads input images; generating never runs it, the
+    pictures come from Meta's VQGAN) is loaded when the folder ships it and not built when it does not
+    (Lumina-mGPT's releases): no randomly initialised encoder, and no load report listing its keys."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     from . import chameleon_meta
@@ -257,23 +265,20 @@ def load_model(folder, device="cpu", dtype=torch.float32):
         return chameleon_meta.load_model(folder, device, dtype)
     config = hf_call(lambda: ChameleonConfig.from_pretrained(str(folder), local_files_only=True), folder,
                      "a Chameleon configuration")
-    files = weight_files(folder)
+    files = checked_weight_files(folder)
     repeats = {}
     for f in files:  # tensor headers only (safetensors): the norm shapes decide the layout before any weight is read
         norms = {k: shape for k, shape in peek(f).items() if NORM_KEY.fullmatch(k)}
         repeats.update(norm_repeats(norms, config, str(f)))
-    what = "a Chameleon-architecture model"
-    if repeats:  # Lumina-mGPT's own save: each per-shard row repeated per head, as its model does at run time
-        weights = {}
-        for f in files:
-            weights.update(state_dict(load_file(f)))
-        weights.update({k: chameleon_meta.repeat_per_head(weights[k], n) for k, n in repeats.items()})
-        model = hf_call(lambda: ChameleonForConditionalGeneration.from_pretrained(
-            None, config=config, state_dict=weights, **dtype_kwarg(dtype)), folder, what)
-    else:  # in ``dtype`` from the start: rotary tables built in bfloat16 (the files' dtype) stay rounded
-        model = from_pretrained(ChameleonForConditionalGeneration, folder, what, dtype=dtype)
+    weights = read_weights(files, full_dtype(dtype, device))
+    # Lumina-mGPT's own save: each per-shard row repeated per head, as its model does at run time
+    weights.update({k: chameleon_meta.repeat_per_head(weights[k], n) for k, n in repeats.items()})
+    model = empty_model(ChameleonForConditionalGeneration, config)
+    if not any(k.startswith("model.vqmodel.") for k in weights):  # not shipped: not built (it would be random)
+        model.model.vqmodel = None
+    assign_weights(model, weights, files[0] if len(files) == 1 else folder, "a Chameleon-architecture model")
     tokenizer = tokenizer_from_pretrained(folder)
-    return model.to(device=device, dtype=dtype).eval(), tokenizer
+    return place(model, dtype, device).eval(), tokenizer
 
 
 def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=None):
@@ -308,7 +313,7 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
         raise CheckpointError(f"{folder}: {name} needs Meta's VQGAN to make images (tokenizer/vqgan.yaml and "
                               f"vqgan.ckpt, not part of transformers' checkpoint): give --vq FOLDER"
                               + (f" ({vq} has neither)" if vq else ""))
-    decoder = VQGANDecoder.load(*where, device=device, dtype=dtype)
+    decoder = VQGANDecoder.load(*where, device=device, dtype=full_dtype(dtype, device))
     n_codes = len(image_code_map(vocab))
     if decoder.spec.n_embed != n_codes:
         raise CheckpointError(f"{where[1]}: the VQGAN has {decoder.spec.n_embed} codes but the vocabulary of "
@@ -354,7 +359,7 @@ def _detect_anole(path: pathlib.Path) -> Detected | None:
 
 
 def _load(hit: Detected, o: LoadOptions):
-    return load(hit.path, o.vq, o.device, o.dtype, o.width or o.resolution, o.height or o.resolution)
+    return load(hit.path, o.vq, o.device, o.storage or o.dtype, o.width or o.resolution, o.height or o.resolution)
 
 
 LUMINA = Family(

@@ -49,7 +49,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..formats.checkpoints import CheckpointError, load_file, state_dict
+from ..formats.checkpoints import CheckpointError, empty_model, load_file, read_weights, state_dict
+from .storage import full_dtype, place
 
 log = logging.getLogger(__name__)
 
@@ -313,24 +314,28 @@ def repeat_per_head(per_shard: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def remap_meta_keys(state_dict, config, source="consolidated.pth", params_source="params.json") -> dict:
     """transformers' state dict (``model.*``, ``lm_head.weight``; no ``model.vqmodel.*``) from
-    Meta's consolidated weights: one dict, or a list of model-parallel shards in order."""
+    Meta's consolidated weights: one dict, or a list of model-parallel shards in order.  The shards'
+    dicts are emptied as they are read, so each source tensor can be freed as soon as its
+    transformers counterpart exists (one layer's q and k are held twice, not the whole model)."""
     shards = [state_dict] if isinstance(state_dict, Mapping) else list(state_dict)
     check_shapes(shards, config, source, params_source)
     n = len(shards)
     heads, kv = _get(config, "num_attention_heads"), _get(config, "num_key_value_heads")
     hd = _get(config, "hidden_size") // heads
+    used = set(_expected_shapes(config, n))
+    unused = sorted({k for s in shards for k in s} - used)
 
     def joined(key, dim):  # Megatron shards: split along output rows (0) or input columns (1)
-        return shards[0][key] if n == 1 else torch.cat([s[key] for s in shards], dim)
+        return shards[0].pop(key) if n == 1 else torch.cat([s.pop(key) for s in shards], dim)
 
     def replicated(key):
-        return shards[0][key] if n == 1 else torch.stack([s[key] for s in shards]).mean(0)
+        return shards[0].pop(key) if n == 1 else torch.stack([s.pop(key) for s in shards]).mean(0)
 
     def half_split(w, n_heads):  # per head, interleaved row 2p + i -> row i * hd/2 + p
         return w.reshape(n_heads, hd // 2, 2, -1).transpose(1, 2).reshape(w.shape)
 
     def head_norm(key, n_heads):  # each shard's [hd] vector, reordered likewise, for each of its heads
-        per_shard = torch.stack([s[key] for s in shards]).reshape(n, hd // 2, 2).transpose(1, 2).reshape(n, hd)
+        per_shard = torch.stack([s.pop(key) for s in shards]).reshape(n, hd // 2, 2).transpose(1, 2).reshape(n, hd)
         return repeat_per_head(per_shard, n_heads)
 
     out = {"model.embed_tokens.weight": joined("tok_embeddings.weight", 1),
@@ -352,8 +357,6 @@ def remap_meta_keys(state_dict, config, source="consolidated.pth", params_source
             for what in ("weight", "bias"):
                 out[f"{dst}self_attn.{qk}_norm.{what}"] = head_norm(f"{src}attention.{qk}_normalization.{what}",
                                                                     count)
-    used = set(_expected_shapes(config, n))
-    unused = sorted({k for s in shards for k in s} - used)
     if unused:
         log.warning("%s: ignoring %d tensors transformers' Chameleon has no place for: %s", source, len(unused),
                     _listing(unused))
@@ -402,20 +405,12 @@ def _fill_vqmodel(model, config, vqgan) -> None:
         model.model.vqmodel = type(vq)._from_config(config.vq_config)
 
 
-def _fill_rotary(model, theta: float) -> None:
-    """Rotary inverse frequencies (non-persistent buffers, left on the meta device)."""
-    for name, buf in list(model.named_buffers()):
-        owner, _, leaf = name.rpartition(".")
-        if buf.is_meta and leaf in ("inv_freq", "original_inv_freq"):
-            dim = 2 * buf.shape[0]
-            value = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-            model.get_submodule(owner)._buffers[leaf] = value
-
-
 def load_model(folder, device="cpu", dtype=torch.float32):
-    """``(ChameleonForConditionalGeneration, tokenizer)`` from Meta's layout; every ``.pth``
-    is read weights-only (memory-mapped where possible) and assigned without a copy
-    (the model is built on the meta device, as the converter does)."""
+    """``(ChameleonForConditionalGeneration, tokenizer)`` from Meta's layout.  Every ``.pth`` is read
+    weights-only, in ``dtype`` one tensor at a time, and the conversion frees each source tensor as it
+    goes; the model is built with its parameters on the meta device and given the converted tensors
+    themselves (its buffers, the rotary tables, computed by its own code): no float32 stage and no
+    second copy of the weights."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     from ..decoders.vqgan import VQGANSpec
@@ -428,12 +423,13 @@ def load_model(folder, device="cpu", dtype=torch.float32):
     config = ChameleonConfig(**kwargs)
     paths = files["shards"]
     source = str(paths[0]) if len(paths) == 1 else f"{files['model_dir']}/consolidated.*.pth ({len(paths)} shards)"
-    shards = [state_dict(load_file(p)) for p in paths]
+    # read whole, not memory-mapped: the q/k reordering copies each, and its source must be freeable
+    shards = [read_weights([p], full_dtype(dtype, device), lazy=False) for p in paths]
     weights = remap_meta_keys(shards, config, source, str(files["params"]))
     del shards
-    with torch.device("meta"):
-        model = ChameleonForConditionalGeneration(config)
+    model = empty_model(ChameleonForConditionalGeneration, config)
     result = model.load_state_dict(weights, strict=False, assign=True)
+    del weights  # the model holds the only references: moving it to a GPU frees each tensor as it goes
     missing = [k for k in result.missing_keys if not k.startswith("model.vqmodel.")]
     if missing or result.unexpected_keys:
         parts = ([f"missing {_listing(missing)}"] if missing else []) + (
@@ -441,8 +437,7 @@ def load_model(folder, device="cpu", dtype=torch.float32):
         raise CheckpointError(f"{source}: the converted weights do not fit transformers' Chameleon: "
                               f"{'; '.join(parts)}")
     _fill_vqmodel(model, config, files["vqgan"])
-    _fill_rotary(model, kwargs["rope_theta"])
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:  # a transformers version with state this conversion does not know of
         raise RuntimeError(f"Chameleon conversion left tensors unset: {_listing(left)}")
-    return model.to(device=device, dtype=dtype).eval(), build_tokenizer(tokenizer_json)
+    return place(model, dtype, device).eval(), build_tokenizer(tokenizer_json)

@@ -10,8 +10,10 @@ import pathlib
 import torch
 
 from ..formats.checkpoints import CheckpointError, peek, read_json
+from ..sampling.config import ConfigError
 from . import chameleon, embedded, emu3, janus, llamagen
 from .family import Detected, Family, LoadOptions, NotAModel
+from .storage import STORAGES, check_available, checkpoint_files, choose, full_dtype
 
 #: detection order.  The folder families come first and LlamaGen last: it recognises a
 #: folder by reading the checkpoint files in it, which must not happen to Meta's
@@ -19,6 +21,8 @@ from .family import Detected, Family, LoadOptions, NotAModel
 FAMILIES: tuple[Family, ...] = (embedded.FAMILY, janus.FAMILY, chameleon.LUMINA, emu3.FAMILY, chameleon.ANOLE,
                                 llamagen.FAMILY)
 BY_NAME = {family.name: family for family in FAMILIES}
+#: families whose loaders place their language model with ``storage.place`` (quantized storage)
+QUANTIZABLE = ("embedded", "llamagen", "emu3", "janus", "lumina", "anole")
 
 
 def _describe(keys: dict) -> str:
@@ -72,7 +76,24 @@ def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", 
         if width and height and width != height:
             raise ValueError(f"width and height must be equal for {hit.family} models (got {width}x{height})")
         resolution = width or height
-    return family.load(hit, LoadOptions(vq, text_encoder, resolution, width, height, device, dtype))
+    files = [f for p in (hit.path, vq, text_encoder) if p for f in checkpoint_files(p)]
+    chosen = choose(files, dtype, device, f"{hit.path.name} ({hit.family})")
+    if chosen.quantized and hit.family not in QUANTIZABLE:
+        raise ConfigError(f"dtype {chosen.name!r}: quantized storage is not available for {hit.family} models yet; "
+                          f"use {', '.join(n for n, s in STORAGES.items() if not s.quantized)} "
+                          f"(quantized storage: {', '.join(QUANTIZABLE)})")
+    check_available(chosen, device)
+    return with_storage(family.load(hit, LoadOptions(vq, text_encoder, resolution, width, height, device,
+                                                     full_dtype(chosen, device), chosen)), chosen)
+
+
+def with_storage(model, storage):
+    """``model`` (and the models its ``resize`` builds) marked with how its weights are stored."""
+    model.storage = storage
+    if model.resize is not None:
+        resize = model.resize
+        model.resize = lambda res: with_storage(resize(res), storage)
+    return model
 
 
 def load_drafter(path, target, text_encoder=None, device="cpu", dtype=torch.float32, option="--drafter"):
@@ -97,7 +118,7 @@ def load_drafter(path, target, text_encoder=None, device="cpu", dtype=torch.floa
                                   f"make it with {make}")
         path = folder
     if draft_head.is_draft_head(path):
-        drafts = HeadDrafts(draft_head.load_head(path, device, dtype))
+        drafts = HeadDrafts(draft_head.load_head(path, device, full_dtype(dtype, device)))
         try:
             drafts.check(target.adapter)
         except ConfigError as e:

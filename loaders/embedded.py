@@ -16,6 +16,7 @@ from ..embedded.recipe import Recipe
 from ..formats.checkpoints import CheckpointError, load_file, load_weights, read_json
 from .family import Detected, Family
 from .llamagen import GPTSpec, LlamaGenAdapter, LlamaGenGPT
+from .storage import full_dtype, place
 
 FOLDER = pathlib.Path(__file__).resolve().parent.parent / "embedded" / "weights"
 #: its draft head (``spec-ar train-drafter``), which ``--drafter embedded`` selects
@@ -67,9 +68,10 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
     load_weights(gpt, part["gpt."], folder / "model.safetensors", "the embedded GPT")
     text = TextEncoder(config["vocabulary"], dim=recipe.text_dim, layers=recipe.text_layers, max_length=recipe.words)
     load_weights(text, part["text."], folder / "model.safetensors", "the embedded text encoder")
-    vq = VQ16Decoder.from_state_dict(part["vq."], vq_spec(recipe), device=device, dtype=dtype, source=str(folder))
+    vq = VQ16Decoder.from_state_dict(part["vq."], vq_spec(recipe), device=device, dtype=full_dtype(dtype, device),
+                                     source=str(folder))
     vq.model.set_padding("encoder", recipe.vq_encoder_padding).set_padding("decoder", recipe.vq_decoder_padding)
-    gpt = gpt.to(device=device, dtype=dtype).eval()
+    gpt = place(gpt, dtype, device).eval()
     text = text.to(device=device).eval()
     adapter = LlamaGenAdapter(gpt, recipe.grid, vq.codebook(), text)
     adapter.sampling_defaults = dict(config.get("sampling_defaults", adapter.sampling_defaults))
@@ -84,4 +86,4 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
 FAMILY = Family(
     "embedded", detect=lambda path: Detected("embedded", path) if path.is_dir() and is_embedded(path) else None,
     needs="the word 'embedded' or the embedded model's folder (config.json with format 'spec_ar-embedded')",
-    load=lambda hit, o: load(hit.path, o.device, o.dtype))
+    load=lambda hit, o: load(hit.path, o.device, o.storage or o.dtype))

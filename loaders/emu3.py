@@ -2,9 +2,11 @@
 
 One decoder-only LM over text and image tokens: image tokens are ordinary vocabulary entries
 ``<|visual token NNNNNN|>`` (code ``NNNNNN`` of the MoVQ codebook, 32768 x 4) scored by the same ``lm_head``,
-and ``Emu3VQVAE`` (spatial downsample 8) turns codes back into pixels.  Ids are never assumed: the id <-> code
-map is transformers' own (``model.vocabulary_mapping.img2bpe``, built from the names in ``config.vocabulary_map``)
-and the structural tokens are looked up by name in the tokenizer and checked against that map.
+and ``Emu3VQVAE`` (spatial downsample 8) turns codes back into pixels: one frame of it, where transformers'
+``decode`` upsamples the latent frame to a 4-frame video and keeps frame 0 (:func:`decode_first_frame`).
+Ids are never assumed: the id <-> code map is transformers' own (``model.vocabulary_mapping.img2bpe``, built
+from the names in ``config.vocabulary_map``) and the structural tokens are looked up by name in the tokenizer
+and checked against that map.
 
 Reference generation (BAAI's ``image_generation.py`` and the transformers port):
 
@@ -43,6 +45,7 @@ from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, transformers_config
 from .hf_cache import RaggedCache, RaggedCacheAdapter, cache_argument
+from .storage import full_dtype, place
 
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
                     "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
@@ -72,8 +75,8 @@ def load_model(folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
         raise CheckpointError(f"{folder}: config.json model_type {model_type!r} is not 'emu3' (a converted "
                               "Emu3 folder such as Emu3-community/Emu3-Gen-hf is needed)")
     tokenizer = tokenizer_from_pretrained(folder)
-    model = from_pretrained(Emu3ForConditionalGeneration, folder, "an Emu3 model", dtype)
-    return model.to(device=device, dtype=dtype).eval(), tokenizer  # dtype again: older versions ignore it
+    model = from_pretrained(Emu3ForConditionalGeneration, folder, "an Emu3 model", full_dtype(dtype, device))
+    return place(model, dtype, device).eval(), tokenizer  # full precision: dtype again, older versions ignore it
 
 
 def _pixel_affine(folder: pathlib.Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,8 +232,137 @@ class Emu3Adapter(RaggedCacheAdapter):
         codes = self.id2code[tokens.to(self.device)]
         if bool((codes < 0).any()):
             raise ValueError("Emu3 decode: the tokens include ids that are not visual tokens")
-        pixels = self.model.model.vqmodel.decode(codes)
+        pixels = decode_first_frame(self.model.model.vqmodel, codes)
         return unit_range(pixels.float() * self.std + self.mean)
+
+
+@torch.no_grad()
+def decode_first_frame(vq, codes: torch.Tensor) -> torch.Tensor:
+    """Codes ``[B, h, w]`` -> pixels ``[B, 3, 8h, 8w]`` (the VQ's output range, [-1, 1]): the frame that
+    ``Emu3VQVAE.decode`` returns for an image, computed alone and with fewer live tensors.
+
+    Why transformers decodes 4 frames: the VQ-VAE is a video tokenizer, one latent frame stands for
+    ``temporal_downsample_factor`` (4) frames.  ``Emu3VQVAE.decode`` (as BAAI's ``Emu3VisionVQModel.decode``)
+    takes an image as one latent frame, runs the decoder's temporal stack on it (``time_res_stack``, then
+    ``log2(4) = 2`` temporal upsamplers: nearest x2 in time, a 3x3x3 convolution, ``x * sigmoid(x)``), so
+    1 frame becomes 4, runs the 2D decoder (``conv_in``, middle and up blocks, ``norm_out``, ``conv_out``)
+    on the 4 frames as a batch and returns frame 0 (``video[:, 0]``).
+
+    Why one frame is enough: every temporal convolution (``Emu3VQVAEConv3d``, ``post_quant_conv`` included)
+    pads its input with 2 zero frames *before* and none after, so it is causal: output frame 0 reads input
+    frame 0 and the padding only, and a nearest upsampler's frame 0 is its input's frame 0.  The 2D decoder
+    treats frames as batch entries (spatial norm = per-sample GroupNorm, attention within a frame,
+    convolutions), and the only batch-coupled layers, the temporal blocks' BatchNorm3d, run before the
+    upsamplers, on the single latent frame in both paths: frames 1..3 never reach frame 0.  So the temporal
+    stack here keeps frame 0 after each upsampler and the 2D decoder runs on that frame alone.
+
+    The 2D decoder runs transformers' own modules (weights, convolutions, attention) but with the spatial
+    norm's product and sum and the residual sums done in place (:func:`_spatial_norm`, :func:`_resnet`):
+    the same arithmetic, so the same picture to float rounding, with at most 3 tensors of a block's widest
+    shape live instead of 5.  :func:`decode_bytes` is the peak that follows.
+    """
+    batch, h, w = codes.shape
+    quant = vq.quantize.embedding(codes.flatten()).view(batch, 1, h, w, -1).permute(0, 4, 1, 2, 3).contiguous()
+    dec = vq.decoder
+    states = torch.cat((vq.post_quant_conv(quant), quant))  # [2B, C, T=1, h, w], as the decoder concatenates
+    for layer in dec.time_res_stack:
+        states = layer(states)
+    for layer in dec.time_conv:
+        states = layer(states)[:, :, :1]  # T 1 -> 2 (nearest, causal conv): frame 0 depends on frame 0 only
+        states = states * torch.sigmoid(states)
+    hidden, quant = states[:, :, 0].chunk(2)
+    mid = dec.middle_block
+    hidden = _resnet(mid.block_1, dec.conv_in(hidden), quant)
+    hidden = _attention(mid.attn_1, mid.attn_norm, hidden, quant)
+    hidden = _resnet(mid.block_2, hidden, quant)
+    levels = dec.up_block.up[::-1]  # transformers' order: the coarsest level first
+    for i, level in enumerate(levels):
+        for j, block in enumerate(level.block):
+            hidden = _resnet(block, hidden, quant)
+            if len(level.attn):
+                hidden = _attention(level.attn[j], level.attn_norms[j], hidden, quant)
+        if i != len(levels) - 1:
+            hidden = level.upsample(hidden)
+    hidden = _spatial_norm(dec.norm_out, hidden, quant)
+    hidden *= torch.sigmoid(hidden)
+    return dec.conv_out(hidden)
+
+
+def _spatial_norm(norm, x: torch.Tensor, quant: torch.Tensor) -> torch.Tensor:
+    """``Emu3VQVAESpatialNorm.forward``: ``group_norm(x) * conv_y(q) + conv_b(q)`` (``q`` the latent frame
+    resized to ``x``), product and sum in place."""
+    quant = torch.nn.functional.interpolate(quant, size=x.shape[-2:], mode="nearest")
+    out = norm.norm_layer(x)
+    out *= norm.conv_y(quant)
+    out += norm.conv_b(quant)
+    return out
+
+
+def _resnet(block, x: torch.Tensor, quant: torch.Tensor) -> torch.Tensor:
+    """``Emu3VQVAEResnetBlock.forward`` with spatial norms (every decoder block has them), in place where
+    transformers allocates."""
+    h = _spatial_norm(block.norm1, x, quant)
+    h *= torch.sigmoid(h)
+    h = block.conv1(h)  # its own statement: the input is let go before norm2 allocates
+    h = _spatial_norm(block.norm2, h, quant)
+    h *= torch.sigmoid(h)
+    h = block.conv2(h)
+    return h.add_(x if block.in_channels == block.out_channels else block.nin_shortcut(x))
+
+
+def _attention(attn, norm, x: torch.Tensor, quant: torch.Tensor) -> torch.Tensor:
+    """An attention step of the middle / up blocks: ``x + attn(spatial_norm(x))`` over the frame's pixels."""
+    y = _spatial_norm(norm, x, quant)
+    b, c, h, w = y.shape
+    y = attn(y.view(b, c, h * w).transpose(1, 2))[0]
+    return x + y.reshape(b, h, w, c).permute(0, 3, 1, 2)  # as transformers (at the coarse level: cheap)
+
+
+#: what a process holds over the tensors :func:`decode_bytes` counts: oneDNN's reordered copies of a
+#: convolution's input or output on CPU, memory freed but not yet returned by the allocator.  Resident
+#: peaks of the decode measured on CPU (float32 and bfloat16, 128 to 720 px) were 1.1 to 1.35 times the count.
+DECODE_OVERHEAD = 1.3
+
+
+def decode_bytes(vq_config, side: int, dtype: torch.dtype, eager_attention: bool = False) -> int:
+    """Peak memory of :func:`decode_first_frame` for one ``side`` x ``side`` image: the largest set of
+    tensors live at once, walked over the decoder's levels, times :data:`DECODE_OVERHEAD`, plus a copy of
+    the largest convolution weight (oneDNN reorders weights into its own layout on every CPU call).
+
+    In elements, with ``P`` a level's pixels: a spatial-norm resnet block ``cin -> cout`` holds at most
+    ``max(3 cin, 2 cin + cout, cin + 3 cout) P`` (its input, the normed tensor and a 1x1 convolution of
+    the latent frame; then the input and a convolution's input and output); an upsampler ``9 c P`` (its
+    input, the 2x nearest copy, the convolution's output); an attention step about ``7 c P`` (input, norm,
+    q / k / v, output, projection), plus the ``[heads, P, P]`` weights with eager attention (SDPA does not
+    build them); ``norm_out`` ``3 c P``; the latent frame resized to full resolution for the spatial norms.
+    With Emu3-Gen's VQ (256 channels x ``(1, 2, 2, 4)``) the peak is the first full-resolution block
+    (512 -> 256 channels): ``6 x 256 x side**2`` elements, 0.4 GB at 256 px and 3.2 GB at 720 px in
+    float32 before the overhead (transformers' four-frame decode: ``4 x 10 x 256 x side**2``)."""
+    mult = list(vq_config.channel_multiplier)
+    channels = [vq_config.base_channels * m for m in mult]
+    levels = len(mult)
+    pixels = [side * side // 4 ** i for i in range(levels)]  # level i: downsampled 2 ** i
+    latent = vq_config.embed_dim * side * side
+
+    def attention(c, p):  # eager: the scores and the scaled scores in ``dtype``, the softmax in float32
+        weights = vq_config.num_attention_heads * p * p * (2 + 4 // dtype.itemsize) if eager_attention else 0
+        return 7 * c * p + weights
+
+    cin, top = channels[-1], pixels[-1]
+    peak = max(3 * cin * top, attention(cin, top))  # middle block
+    weight = 9 * cin * cin
+    for i in reversed(range(levels)):
+        c = channels[i]
+        for _ in range(vq_config.num_res_blocks + 1):
+            peak = max(peak, pixels[i] * max(3 * cin, 2 * cin + c, cin + 3 * c))
+            if i in vq_config.attn_resolutions:
+                peak = max(peak, attention(c, pixels[i]))
+            weight = max(weight, 9 * cin * c)
+            cin = c
+        if i:
+            peak = max(peak, 9 * c * pixels[i])
+    peak = max(peak, 3 * channels[0] * pixels[0])  # norm_out
+    return int((DECODE_OVERHEAD * (peak + latent) + weight) * dtype.itemsize)
 
 
 def allowed_resolutions(downsample: int, max_positions: int) -> range:
@@ -244,7 +376,7 @@ def allowed_resolutions(downsample: int, max_positions: int) -> range:
 def load(folder, device="cpu", dtype=torch.float32, resolution: int | None = None):
     """A :class:`~.base.LoadedModel` for a converted Emu3 folder; ``resolution`` in pixels (square, a
     multiple of the VQ downsample; default 720, the reference's area)."""
-    from .base import LoadedModel, vq_decoder_bytes
+    from .base import LoadedModel
 
     folder = pathlib.Path(folder)
     model, tokenizer = load_model(folder, device, dtype)
@@ -253,6 +385,7 @@ def load(folder, device="cpu", dtype=torch.float32, resolution: int | None = Non
     down = 2 ** (len(model.config.vq_config.channel_multiplier) - 1)
     allowed = allowed_resolutions(down, model.config.text_config.max_position_embeddings)
     presets = tuple(r for r in PRESETS if r in allowed)
+    eager = getattr(model.model.vqmodel.config, "_attn_implementation", None) == "eager"
 
     def build(res: int) -> LoadedModel:
         if isinstance(res, bool) or not isinstance(res, int) or res not in allowed:
@@ -263,7 +396,8 @@ def load(folder, device="cpu", dtype=torch.float32, resolution: int | None = Non
         return LoadedModel(family="emu3", name=f"Emu3 ({folder.name})", adapter=adapter, decode=adapter.decode,
                            condition="text", resolutions=tuple(sorted({*presets, res})), resize=build,
                            info={"resolution": res, "grid": grid}, modules={"emu3": model},
-                           decode_bytes_per_image=vq_decoder_bytes(model.config.vq_config, res, dtype))
+                           decode_bytes_per_image=decode_bytes(model.config.vq_config, res,
+                                                               full_dtype(dtype, device), eager))
 
     if resolution is None:
         resolution = DEFAULT_RESOLUTION if DEFAULT_RESOLUTION in allowed else allowed[-1]
@@ -279,4 +413,4 @@ FAMILY = Family(
     "emu3", detect=_detect,
     needs="an Emu3 folder in transformers' format (Emu3-Gen-hf): config.json with model_type 'emu3', weights "
           "(the VQ-VAE included) and tokenizer files",
-    load=lambda hit, o: load(hit.path, o.device, o.dtype, o.resolution))
+    load=lambda hit, o: load(hit.path, o.device, o.storage or o.dtype, o.resolution))

@@ -37,7 +37,8 @@ class LoadOptions:
     width: int | None = None
     height: int | None = None
     device: str = "cpu"
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype = torch.float32  # what is kept in full precision (all of it, unless storage is quantized)
+    storage: object = None  # how the language model's weights are stored (storage.Storage; None: ``dtype``)
 
 
 @dataclass(frozen=True)

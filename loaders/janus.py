@@ -27,12 +27,13 @@ import re
 import torch
 
 from ..decoders.blocks import unit_range
-from ..formats.checkpoints import (CheckpointError, from_pretrained, load_file, read_json, state_dict,
-                                   tokenizer_from_pretrained, weight_files)
+from ..formats.checkpoints import (CheckpointError, assign_weights, checked_weight_files, empty_model, hf_call,
+                                   read_json, read_weights, tokenizer_from_pretrained)
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, transformers_config
 from .hf_cache import RaggedCache, RaggedCacheAdapter, cache_argument
+from .storage import full_dtype, place
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
 EMPTY_TEMPLATE = "<|User|>:<|Assistant|>:"  # a turn without content is written "role:"
@@ -127,36 +128,48 @@ def translate_config(original: dict, weights: dict[str, torch.Tensor], tokenizer
             "image_token_id": tokenizer.convert_tokens_to_ids("<image_placeholder>"), "tie_word_embeddings": False}
 
 
-def _read_weights(folder: pathlib.Path) -> dict[str, torch.Tensor]:
-    files = weight_files(folder)
-    if not files:
-        raise CheckpointError(f"{folder}: no weights (*.safetensors or pytorch_model*.bin)")
-    sd = {}
-    for f in files:
-        sd.update(state_dict(load_file(f)))
-    return sd
-
-
 def load_model(folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
-    """``(JanusForConditionalGeneration, tokenizer)`` from a converted or original folder."""
+    """``(JanusForConditionalGeneration, tokenizer)`` from a converted or original folder.
+
+    Both are built with their parameters on the meta device and given the file's tensors, read
+    in ``dtype`` one at a time: no float32 stage, no second copy (a 7B needs its own size in
+    memory, not twice or four times it); the buffers no file stores are the model's own."""
     from transformers import JanusConfig, JanusForConditionalGeneration
 
     folder = pathlib.Path(folder)
     cfg = read_json(folder / "config.json")
     tokenizer = tokenizer_from_pretrained(folder)
     if cfg.get("model_type") == "janus":
-        model = from_pretrained(JanusForConditionalGeneration, folder, "a Janus model")
+        config = hf_call(lambda: JanusConfig.from_pretrained(str(folder), local_files_only=True), folder,
+                         "a Janus configuration")
+        files = checked_weight_files(folder)
+        model = empty_model(JanusForConditionalGeneration, config)
+        assign_weights(model, read_weights(files, full_dtype(dtype, device)), files[0] if len(files) == 1 else folder,
+                       "a Janus model")
+        _generation_config(model, folder)
     elif cfg.get("model_type") == "multi_modality":
-        weights = _read_weights(folder)
-        model = JanusForConditionalGeneration(JanusConfig(**translate_config(cfg, weights, tokenizer)))
-        missing, unexpected = model.load_state_dict(remap_original_keys(weights), strict=False)
-        missing = [k for k in missing if not k.startswith("model.vision_model.")]  # understanding only
-        if missing or unexpected:
-            raise CheckpointError(f"{folder}: original Janus weights do not map onto transformers' model: "
-                                  f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        files = checked_weight_files(folder)
+        weights = read_weights(files, full_dtype(dtype, device))
+        config = JanusConfig(**translate_config(cfg, weights, tokenizer))
+        model = empty_model(JanusForConditionalGeneration, config)
+        remapped = remap_original_keys(weights)
+        del weights  # the model is to hold the only references
+        assign_weights(model, remapped, files[0] if len(files) == 1 else folder,
+                       "transformers' Janus model (original deepseek-ai weights through the key remap)",
+                       optional=("model.vision_model.",))  # the understanding tower: never run to generate
     else:
         raise CheckpointError(f"{folder}: config.json model_type {cfg.get('model_type')!r} is not Janus")
-    return model.to(device=device, dtype=dtype).eval(), tokenizer
+    return place(model, dtype, device).eval(), tokenizer
+
+
+def _generation_config(model, folder: pathlib.Path) -> None:
+    """The folder's generation_config.json, read as ``from_pretrained`` reads it, so that the model
+    generates with transformers' own ``generate`` as a ``from_pretrained`` one does."""
+    if (folder / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        model.generation_config = hf_call(lambda: GenerationConfig.from_pretrained(str(folder), local_files_only=True),
+                                          folder, "a generation configuration")
 
 
 class JanusAdapter(RaggedCacheAdapter):
@@ -249,7 +262,8 @@ def load(folder, device="cpu", dtype=torch.float32):
     return LoadedModel(family="janus", name=f"Janus ({pathlib.Path(folder).name})", adapter=adapter,
                        decode=adapter.decode, condition="text", resolutions=(side * down,),
                        info={"resolution": side * down, "grid": side}, modules={"janus": model},
-                       decode_bytes_per_image=vq_decoder_bytes(model.config.vq_config, side * down, dtype))
+                       decode_bytes_per_image=vq_decoder_bytes(model.config.vq_config, side * down,
+                                                               full_dtype(dtype, device)))
 
 
 def _detect(path: pathlib.Path) -> Detected | None:
@@ -261,4 +275,4 @@ FAMILY = Family(
     "janus", detect=_detect,
     needs="a Janus / Janus-Pro folder: config.json with model_type 'janus' (converted) or 'multi_modality' "
           "(deepseek-ai original), weights and tokenizer files",
-    load=lambda hit, o: load(hit.path, o.device, o.dtype))
+    load=lambda hit, o: load(hit.path, o.device, o.storage or o.dtype))

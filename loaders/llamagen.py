@@ -32,6 +32,7 @@ from ..formats.checkpoints import CheckpointError, load_file, load_weights, peek
 from ..sampling.adapter import ImageAdapter, TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, NotAModel
+from .storage import full_dtype, place
 
 #: heads by model width for the released presets (all 64-dim heads but 3B's 100)
 HEADS = {768: 12, 1024: 16, 1280: 20, 1536: 24, 2048: 32, 2560: 40, 3200: 32, 4096: 32}
@@ -515,7 +516,7 @@ def load_gpt(path, device="cpu", dtype=torch.float32) -> LlamaGenGPT:
         raise CheckpointError(f"{path}: {err}" if str(path) not in str(err) else str(err)) from err
     gpt = LlamaGenGPT(spec)
     load_weights(gpt, {k: v for k, v in sd.items() if k != "freqs_cis"}, path, spec.name)  # freqs_cis: recomputed
-    return gpt.to(device=device, dtype=dtype).eval()
+    return place(gpt, dtype, device).eval()
 
 
 def load(model_path, vq_path=None, text_encoder_path=None, resolution: int | None = None,
@@ -527,7 +528,7 @@ def load(model_path, vq_path=None, text_encoder_path=None, resolution: int | Non
 
     gpt = load_gpt(model_path, device, dtype)
     spec = gpt.spec
-    vq = VQ16Decoder.load(vq_path, device=device, dtype=dtype) if vq_path else None
+    vq = VQ16Decoder.load(vq_path, device=device, dtype=full_dtype(dtype, device)) if vq_path else None
     if vq is not None and vq.spec.codebook_size != spec.vocab_size:
         raise CheckpointError(f"{vq_path}: codebook of {vq.spec.codebook_size} codes does not match the "
                               f"GPT's {spec.vocab_size}-token vocabulary ({model_path})")
@@ -535,7 +536,7 @@ def load(model_path, vq_path=None, text_encoder_path=None, resolution: int | Non
     if spec.kind == "t2i" and text_encoder_path:
         from .t5 import T5TextEncoder
 
-        text = T5TextEncoder(text_encoder_path, device=device, dtype=dtype)
+        text = T5TextEncoder(text_encoder_path, device=device, dtype=full_dtype(dtype, device))
         if text.dim != spec.caption_dim:
             raise CheckpointError(f"{text_encoder_path}: T5 width {text.dim} does not match the GPT's caption "
                                   f"projection input {spec.caption_dim} (flan-t5-xl)")
@@ -635,4 +636,5 @@ FAMILY = Family(
     "llamagen", detect=_detect,
     needs="a LlamaGen GPT file (.pt/.pth/.safetensors holding tok_embeddings.weight and "
           "layers.N.attention.wqkv.weight), with its VQ tokenizer file (vq_ds16_*.pt) beside or given",
-    load=lambda hit, o: load(hit.path, o.vq or find_vq(hit.path), o.text_encoder, o.resolution, o.device, o.dtype))
+    load=lambda hit, o: load(hit.path, o.vq or find_vq(hit.path), o.text_encoder, o.resolution, o.device,
+                             o.storage or o.dtype))

@@ -12,7 +12,15 @@ FOLDER = "spec_ar"  # models/spec_ar, or wherever extra_model_paths.yaml points 
 ARModel = io.Custom("SPEC_AR_MODEL")
 VQDecoder = io.Custom("SPEC_AR_VQ")
 Drafter = io.Custom("SPEC_AR_DRAFTER")
-DTYPES = ["auto", "float32", "bfloat16", "float16"]
+
+
+def dtypes() -> list[str]:
+    """The loader's dtype choices: auto and the storage table (``loaders/storage.py``)."""
+    from ..loaders.storage import STORAGES
+
+    return ["auto", *STORAGES]
+
+
 DEVICES = ["auto", "cpu"]
 AUTO_VQ = "auto (built-in, or beside the model)"
 NO_TEXT_ENCODER = "auto (built-in, or none)"
@@ -35,19 +43,51 @@ def folders() -> list[str]:
 
 @dataclass
 class ARModelHandle:
-    """What flows along a SPEC_AR_MODEL link: the loaded model and its ModelPatcher."""
+    """What flows along a SPEC_AR_MODEL link: the loaded model and its ModelPatcher,
+    and how to load it again once :meth:`release` (the sampler's "unload after run")
+    has given its memory back."""
 
-    loaded: object  # loaders.base.LoadedModel
+    _loaded: object  # loaders.base.LoadedModel, None once released
     patcher: object | None
     source: str
+    reload: object = None  # () -> (LoadedModel, patcher)
+
+    @property
+    def loaded(self):
+        if self._loaded is None:
+            self._loaded, self.patcher = self.reload()
+        return self._loaded
 
     def ready(self):
         """Ask ComfyUI's memory manager to put the weights on the device."""
+        loaded = self.loaded
         if self.patcher is not None:
             import comfy.model_management as mm
 
             mm.load_models_gpu([self.patcher], force_full_load=True)
-        return self.loaded
+        return loaded
+
+    def release(self):
+        """Give the model's memory back (GPU and CPU): ComfyUI forgets it and the weights
+        are dropped; the next use loads them again."""
+        import gc
+
+        if self.patcher is not None:
+            import comfy.model_management as mm
+
+            for entry in [e for e in mm.current_loaded_models if e.model is self.patcher]:
+                entry.model_unload()
+                mm.current_loaded_models.remove(entry)
+        if self.reload is None:
+            return  # nothing to load it again with: kept
+        self._loaded = self.patcher = None
+        gc.collect()
+        import comfy.model_management as mm
+
+        from ..loaders.storage import trim_heap
+
+        mm.soft_empty_cache()
+        trim_heap()  # the CPU side: freed weights would otherwise stay in the process's heap
 
 
 @dataclass
@@ -58,17 +98,19 @@ class VQHandle:
     device: str = "cpu"
 
 
-def _device_dtype(device: str, dtype: str):
+def _device(device: str):
     import torch
 
     import comfy.model_management as mm
 
-    dev = mm.get_torch_device() if device == "auto" else torch.device("cpu")
-    if dtype == "auto":
-        dt = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    else:
-        dt = getattr(torch, dtype)
-    return dev, dt
+    return mm.get_torch_device() if device == "auto" else torch.device("cpu")
+
+
+def dtype_tooltip() -> str:
+    from ..loaders.storage import AUTO_HELP, STORAGES
+
+    return ("How the weights are stored. " + " ".join(f"{n}: {s.help}." for n, s in STORAGES.items())
+            + f" auto: {AUTO_HELP}. A model that does not fit is refused naming the options that do.")
 
 
 def _patcher(loaded, device):
@@ -102,8 +144,7 @@ class LoadARImageModel(io.ComfyNode):
                                tooltip="LlamaGen text-to-image: a folder holding a copy of google/flan-t5-xl."),
                 io.Combo.Input("device", options=DEVICES, default="auto",
                                tooltip="auto: ComfyUI's device (the GPU when present); cpu forces the CPU."),
-                io.Combo.Input("dtype", options=DTYPES, default="auto",
-                               tooltip="Weight precision. auto: bfloat16 on GPUs that support it, else float32."),
+                io.Combo.Input("dtype", options=dtypes(), default="auto", tooltip=dtype_tooltip()),
             ],
             outputs=[ARModel.Output(display_name="model", tooltip="The loaded model, for the sampler.")],
         )
@@ -117,18 +158,22 @@ class LoadARImageModel(io.ComfyNode):
                     common.resolve_model(value, folders())
                 except FileNotFoundError as err:
                     return f"{name}: {err}"
-        return common.check_choices(device=(device, DEVICES), dtype=(dtype, DTYPES))
+        return common.check_choices(device=(device, DEVICES), dtype=(dtype, dtypes()))
 
     @classmethod
     def execute(cls, model, device, dtype, vq=AUTO_VQ, text_encoder=NO_TEXT_ENCODER):
         from ..loaders.detect import load_model
 
-        dev, dt = _device_dtype(device, dtype)
+        dev = _device(device)
         path = "embedded" if model == common.EMBEDDED else str(common.resolve_model(model, folders()))
         vq_path = None if vq in (None, AUTO_VQ) else str(common.resolve_model(vq, folders()))
         t5 = None if text_encoder in (None, NO_TEXT_ENCODER) else str(common.resolve_model(text_encoder, folders()))
-        loaded = load_model(path, vq_path, t5, None, dev, dt)
-        return io.NodeOutput(ARModelHandle(loaded, _patcher(loaded, dev), path))
+
+        def load():
+            loaded = load_model(path, vq_path, t5, None, dev, dtype)
+            return loaded, _patcher(loaded, dev)
+
+        return io.NodeOutput(ARModelHandle(*load(), path, reload=load))
 
 
 class LoadVQDecoder(io.ComfyNode):
@@ -203,4 +248,5 @@ class LoadDrafter(io.ComfyNode):
 
         loaded = model.loaded
         path = SHIPPED_DRAFTERS.get(drafter) or str(common.resolve_model(drafter, folders()))
-        return io.NodeOutput(load_drafter(path, loaded, None, loaded.device, loaded.dtype, option="drafter"))
+        dtype = loaded.storage.name if loaded.storage is not None else loaded.dtype  # a sibling as its target
+        return io.NodeOutput(load_drafter(path, loaded, None, loaded.device, dtype, option="drafter"))

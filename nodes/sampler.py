@@ -12,6 +12,7 @@ from .models import ARModel, Drafter, VQDecoder
 Tokens = io.Custom("SPEC_AR_TOKENS")
 Report = io.Custom("SPEC_AR_REPORT")
 RESOLUTIONS = ["model default", "256", "384", "512", "768", "1024"]
+UNLOAD = "unload_after_run"
 
 
 @dataclass
@@ -94,6 +95,9 @@ class SpeculativeARSampler(io.ComfyNode):
                               tooltip="A draft model (from Load Drafter) in place of Jacobi self-drafting: it "
                                       "proposes drafter_depth tokens per forward from the accepted prefix; the "
                                       "window, draft_init and draft_coupling knobs then do not apply."),
+                io.Boolean.Input(UNLOAD, default=False, optional=True,
+                                 tooltip="After the images are made, give the model's memory (GPU and CPU) back "
+                                         "for the rest of the workflow; the next run loads it again."),
             ],
             outputs=[
                 io.Image.Output(display_name="images"),
@@ -118,7 +122,7 @@ class SpeculativeARSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, prompt, mode, seed, batch_size, resolution, negative_prompt="", vq=None,
-                family_defaults=True, drafter=None, **widgets):
+                family_defaults=True, drafter=None, unload_after_run=False, **widgets):
         import comfy.model_management as mm
         import comfy.utils
 
@@ -170,24 +174,30 @@ class SpeculativeARSampler(io.ComfyNode):
                 throttle.record(time.perf_counter() - t)
             bar.update_absolute(done, layout.length, preview)
 
-        result = decoder.generate(conditions, negatives, seeds=seed, callback=progress)
-        tokens = result.image_tokens(layout)
-        images = (decode_in_chunks(decode, tokens, decode_bytes, loaded.device).permute(0, 2, 3, 1)
-                  if decode is not None else code_grid_image(tokens))
+        label = config.label() if drafter is None else decoder.config.label()  # "sjd depth=4"
+        try:
+            result = decoder.generate(conditions, negatives, seeds=seed, callback=progress)
+            tokens = result.image_tokens(layout)
+            images = (decode_in_chunks(decode, tokens, decode_bytes, loaded.device).permute(0, 2, 3, 1)
+                      if decode is not None else code_grid_image(tokens))
+        finally:
+            name, warnings, decoded = loaded.name, list(loaded.warnings), decode is not None
+            if unload_after_run:  # nothing here may keep the weights alive
+                decoder = decode = loaded = None
+                model.release()
         # the node's in-page preview ends on the finished picture, not on the last partial one
         bar.update_absolute(layout.length, layout.length, ("JPEG", common.image_preview(images[0]), 512))
         reports = result.reports
         first = reports[0]
-        label = config.label() if drafter is None else decoder.config.label()  # "sjd depth=4"
         rows = [common.report_row(r, label, str(condition)) for r in reports]
         text = "\n".join(r.summary() for r in reports[:1])
         text += (f"\npreviews: {throttle.count} in {throttle.spent * 1000:.0f} ms "
                  f"({throttle.spent / max(first.latency_s, 1e-9):.1%} of sampling)")
-        if decode is None:
+        if not decoded:
             text += "\n(no VQ decoder: the image shows the token grid; connect a decoder or VQ Decode)"
-        text += "".join(f"\nwarning: {w}" for w in loaded.warnings)
+        text += "".join(f"\nwarning: {w}" for w in warnings)
         return io.NodeOutput(images, text, first.nfe, first.latency_s, first.tokens_per_forward,
-                             common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), loaded.name),
+                             common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), name),
                              ui=common.report_ui(reports))
 
 

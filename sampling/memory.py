@@ -19,14 +19,37 @@ from .config import ConfigError
 HEADROOM = 0.9
 
 
+#: file suffixes of checkpoints: files of these mapped into the process are model weights
+CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+
+
 def free_bytes(device) -> int | None:
-    """Bytes free on ``device`` now, or None where that cannot be read."""
+    """Bytes free on ``device`` now, or None where that cannot be read.  On the CPU,
+    weights memory-mapped from checkpoint files count as used: Linux reports their
+    pages as available (a cache it may drop), yet decoding reads them every forward."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return torch.cuda.mem_get_info(dev)[0]
     if dev.type == "cpu":
-        return _cpu_available()
+        free = _cpu_available()
+        return None if free is None else max(0, free - mapped_checkpoint_bytes())
     return None
+
+
+def mapped_checkpoint_bytes() -> int:
+    """Bytes of checkpoint files mapped into this process (``/proc/self/maps``): weights
+    loaded memory-mapped, resident or not."""
+    try:
+        lines = pathlib.Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return 0
+    total = 0
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].strip().endswith(CHECKPOINT_SUFFIXES):
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            total += end - start
+    return total
 
 
 def _cpu_available() -> int | None:

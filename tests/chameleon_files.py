@@ -41,15 +41,19 @@ def write_tokenizer(folder: pathlib.Path, vocab: dict[str, int]) -> None:
     fast.save_pretrained(str(folder))
 
 
-def tiny_chameleon(flavour: str = "lumina", seed: int = 0, with_images: bool = True):
+TINY_SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2}
+
+
+def tiny_chameleon(flavour: str = "lumina", seed: int = 0, with_images: bool = True, **sizes):
+    """A random Chameleon over :func:`vocabulary`; ``sizes`` (config fields of :data:`TINY_SIZES`) widen it."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     vocab = vocabulary(seed, with_images)
     torch.manual_seed(seed)
     config = ChameleonConfig(
-        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=2048, vocabulary_map=vocab, bos_token_id=0,
-        eos_token_id=1, pad_token_id=2,
+        vocab_size=len(vocab), **{**TINY_SIZES, **sizes}, max_position_embeddings=2048, vocabulary_map=vocab,
+        bos_token_id=0, eos_token_id=1, pad_token_id=2,
         vq_config={"embed_dim": 8, "num_embeddings": CODES, "latent_channels": 16, "base_channels": 32,
                    "channel_multiplier": [1, 2], "num_res_blocks": 1, "resolution": 32},
     )
@@ -60,12 +64,12 @@ def tiny_chameleon(flavour: str = "lumina", seed: int = 0, with_images: bool = T
 
 
 def write_chameleon(folder: pathlib.Path, flavour: str = "lumina", seed: int = 0, with_images: bool = True,
-                    vqgan: bool = True) -> pathlib.Path:
-    """A converted-format folder; with ``vqgan`` also ``tokenizer/vqgan.yaml`` + ``vqgan.ckpt``
-    whose codebook matches the vocabulary's image tokens."""
-    model, vocab = tiny_chameleon(flavour, seed, with_images)
+                    vqgan: bool = True, dtype: torch.dtype | None = None, **sizes) -> pathlib.Path:
+    """A converted-format folder (weights in ``dtype``, default float32); with ``vqgan`` also
+    ``tokenizer/vqgan.yaml`` + ``vqgan.ckpt`` whose codebook matches the vocabulary's image tokens."""
+    model, vocab = tiny_chameleon(flavour, seed, with_images, **sizes)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(folder))
+    (model if dtype is None else model.to(dtype)).save_pretrained(str(folder))
     cfg = json.loads((folder / "config.json").read_text())
     cfg["architectures"] = [ARCHITECTURES[flavour]]  # what the real folders name
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -117,13 +121,13 @@ def lumina_config(model, model_parallel_size: int = 1) -> dict:
     }
 
 
-def tiny_lumina_reference(seed: int = 0, model_parallel_size: int = 1):
+def tiny_lumina_reference(seed: int = 0, model_parallel_size: int = 1, **sizes):
     """The tiny Lumina-mGPT as the reference runs it: transformers' Chameleon whose q/k norms are equal
     within each model-parallel shard's heads (what Lumina's per-shard rows mean), every weight rounded to
-    bfloat16 (the dtype of the release files) and held in float32."""
+    bfloat16 (the dtype of the release files) and held in float32; ``sizes`` widen it (:func:`tiny_chameleon`)."""
     from .chameleon_meta_files import perturb
 
-    model, vocab = tiny_chameleon("lumina", seed)
+    model, vocab = tiny_chameleon("lumina", seed, **sizes)
     perturb(model, model_parallel_size, seed)
     with torch.no_grad():  # the weights only: rotary tables are computed, not stored
         for p in model.parameters():
@@ -132,17 +136,17 @@ def tiny_lumina_reference(seed: int = 0, model_parallel_size: int = 1):
 
 
 def write_lumina(folder: pathlib.Path, model_parallel_size: int = 1, seed: int = 0, vqgan: bool = True,
-                 norm_rows: int | None = None) -> pathlib.Path:
+                 norm_rows: int | None = None, **sizes) -> pathlib.Path:
     """A Lumina-mGPT folder in Lumina's own layout, as its releases are saved (Alpha-VLLM/Lumina-mGPT
     @104abe45): bfloat16 safetensors shards with an index (``save_pretrained`` of its training checkpoint),
     no ``model.vqmodel.*`` weights (``finetune_solver.py`` deletes the VQ encoder before training), the
     q/k norms as its ``ChameleonLayerNorm`` stores them, ``[model_parallel_size, head_dim]`` (each shard's
     first head's row; its converter's ``.reshape(1, -1)`` for one shard), :func:`lumina_config`, the
     tokenizer, and Meta's VQGAN in ``tokenizer/`` as users set it up.  ``norm_rows`` writes that many
-    rows instead (a file that fits no layout)."""
+    rows instead (a file that fits no layout).  ``sizes`` widen the model (:func:`tiny_chameleon`)."""
     from safetensors.torch import save_file
 
-    model, vocab = tiny_lumina_reference(seed, model_parallel_size)
+    model, vocab = tiny_lumina_reference(seed, model_parallel_size, **sizes)
     rows = norm_rows or model_parallel_size
     folder.mkdir(parents=True, exist_ok=True)
     sd = {}

@@ -118,21 +118,22 @@ def janus_tokenizer():
                                    additional_special_tokens=JANUS_SPECIAL[3:8])
 
 
-def tiny_janus(seed=0):
-    """A tiny random JanusForConditionalGeneration (4x4 image tokens, 64 codes)."""
+def tiny_janus(seed=0, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2):
+    """A tiny random JanusForConditionalGeneration (4x4 image tokens, 64 codes); the language
+    model's sizes can be widened."""
     from transformers import JanusConfig, JanusForConditionalGeneration
 
     tok = janus_tokenizer()
     ids = {t: tok.convert_tokens_to_ids(t) for t in JANUS_SPECIAL}
     cfg = JanusConfig(
-        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=ids[JANUS_SPECIAL[0]],
-                         eos_token_id=ids[JANUS_SPECIAL[1]], pad_token_id=ids[JANUS_SPECIAL[2]],
-                         tie_word_embeddings=False),
+        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         bos_token_id=ids[JANUS_SPECIAL[0]], eos_token_id=ids[JANUS_SPECIAL[1]],
+                         pad_token_id=ids[JANUS_SPECIAL[2]], tie_word_embeddings=False),
         vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, image_size=16, patch_size=4,
-                           projection_dim=32, num_image_tokens=16, mlp_ratio=2.0),
+                           projection_dim=hidden, num_image_tokens=16, mlp_ratio=2.0),
         vq_config=dict(embed_dim=8, num_embeddings=64, latent_channels=32, base_channels=32,
-                       channel_multiplier=[1, 1], num_res_blocks=1, projection_dim=32, image_token_embed_dim=32),
+                       channel_multiplier=[1, 1], num_res_blocks=1, projection_dim=hidden, image_token_embed_dim=hidden),
         image_token_id=ids["<image_placeholder>"], tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = JanusForConditionalGeneration(cfg).eval()
@@ -204,17 +205,22 @@ def write_original_janus(folder: pathlib.Path, model, tok) -> pathlib.Path:
                                        "num_attention_heads", "num_key_value_heads", "hidden_act",
                                        "max_position_embeddings", "rms_norm_eps")}
     lang["rope_theta"] = getattr(t, "rope_theta", None) or (getattr(t, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    vision, vq = model.config.vision_config, model.config.vq_config
     write_json(folder / "config.json", {
         "model_type": "multi_modality", "language_config": lang,
         "vision_config": {"cls": "CLIPVisionTower", "model_type": "vision",
-                          "params": {"image_size": 16, "model_name": "siglip_large_patch16_384"}},
+                          "params": {"image_size": vision.image_size, "model_name": "siglip_large_patch16_384"}},
         "aligner_config": {"cls": "MlpProjector", "model_type": "aligner",
-                           "params": {"depth": 2, "input_dim": 32, "n_embed": 32, "projector_type": "mlp_gelu"}},
-        "gen_vision_config": {"cls": "VQ-16", "model_type": "gen_vision", "params": {"image_token_size": 64, "n_embed": 8}},
+                           "params": {"depth": 2, "input_dim": vision.hidden_size, "n_embed": t.hidden_size,
+                                      "projector_type": "mlp_gelu"}},
+        "gen_vision_config": {"cls": "VQ-16", "model_type": "gen_vision",
+                              "params": {"image_token_size": vq.num_embeddings, "n_embed": vq.embed_dim}},
         "gen_aligner_config": {"cls": "MlpProjector", "model_type": "gen_aligner",
-                               "params": {"depth": 2, "input_dim": 8, "n_embed": 32, "projector_type": "mlp_gelu"}},
+                               "params": {"depth": 2, "input_dim": vq.embed_dim, "n_embed": t.hidden_size,
+                                          "projector_type": "mlp_gelu"}},
         "gen_head_config": {"cls": "vision_head", "model_type": "gen_head",
-                            "params": {"image_token_embed": 32, "image_token_size": 64, "n_embed": 32}},
+                            "params": {"image_token_embed": vq.image_token_embed_dim,
+                                       "image_token_size": vq.num_embeddings, "n_embed": t.hidden_size}},
     })
     tok.save_pretrained(str(folder))
     return folder
@@ -317,3 +323,38 @@ def write_lantern_anole_head(folder: pathlib.Path, hidden=32, heads=4, kv_heads=
           p + "mlp.down_proj.weight": w(hidden, intermediate)}
     torch.save(sd, folder / "pytorch_model.bin")
     return folder
+
+
+def write_sparse_safetensors(path: pathlib.Path, shapes: dict[str, tuple[int, ...]], dtype: str = "BF16") -> int:
+    """A safetensors file declaring ``shapes`` whose data is a sparse hole: a model of
+    any size on disk in no space, for what reads headers only (detection, sizing).
+    Returns the bytes it declares."""
+    import json
+    import struct
+
+    itemsize = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        n = itemsize
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.truncate(8 + len(blob) + offset)
+    return offset
+
+
+def llamagen_shapes(dim: int, layers: int, ffn: int, vocab: int = 16384, classes: int = 1000) -> dict:
+    """Tensor shapes of a LlamaGen c2i GPT of the given size (its checkpoint names)."""
+    shapes = {"tok_embeddings.weight": (vocab, dim), "cls_embedding.embedding_table.weight": (classes + 1, dim),
+              "norm.weight": (dim,), "output.weight": (vocab, dim)}
+    for i in range(layers):
+        shapes.update({f"layers.{i}.attention.wqkv.weight": (3 * dim, dim), f"layers.{i}.attention.wo.weight": (dim, dim),
+                       f"layers.{i}.feed_forward.w1.weight": (ffn, dim), f"layers.{i}.feed_forward.w3.weight": (ffn, dim),
+                       f"layers.{i}.feed_forward.w2.weight": (dim, ffn), f"layers.{i}.attention_norm.weight": (dim,),
+                       f"layers.{i}.ffn_norm.weight": (dim,)})
+    return shapes

@@ -90,6 +90,15 @@ def tiny_config(vocab: dict[str, int], codes: int = CODES) -> dict:
     return {"text_config": text, "vq_config": vq, "vocabulary_map": vocab, "tie_word_embeddings": False}
 
 
+def tiny_emu3_vq(seed: int = 0, **overrides):
+    """An ``Emu3VQVAE`` alone with :func:`tiny_config`'s VQ settings (``overrides`` replace some), random weights."""
+    from transformers import Emu3VQVAEConfig
+    from transformers.models.emu3.modeling_emu3 import Emu3VQVAE
+
+    torch.manual_seed(seed)
+    return Emu3VQVAE(Emu3VQVAEConfig(**{**tiny_config({PAD: 0, BOS: 1, EOS: 2})["vq_config"], **overrides})).eval()
+
+
 def tiny_emu3(seed: int = 0, codes: int = CODES):
     """``(Emu3ForConditionalGeneration, vocabulary)`` with random weights, scaled so that the
     next-token choices are clear-cut (greedy comparisons are then robust to float noise)."""

@@ -53,6 +53,15 @@ def _family_weights(models: pathlib.Path) -> None:
         gpt.output.weight.mul_(1e5)
     ck.write_gpt(models / "broken" / "c2i_B_256.pt", gpt)
     ck.write_vq(models / "broken" / "vq_ds16_c2i.pt")
+    # big enough that its memory shows in the server's resident memory (about 100 M parameters)
+    (models / "big").mkdir()
+    big = ck.random_gpt(ck.tiny_gpt_spec("c2i", dim=1024, n_layer=8, classes=1000)).to(torch.bfloat16)
+    ck.write_gpt(models / "big" / "c2i_big.safetensors", big)
+    ck.write_vq(models / "big" / "vq_ds16_c2i.pt")
+    # a 64-layer LlamaGen of 26 GB in bfloat16 that takes no disk space: more than this machine holds
+    (models / "giant").mkdir()
+    ck.write_sparse_safetensors(models / "giant" / "c2i_giant.safetensors", ck.llamagen_shapes(4096, 64, 11008))
+    ck.write_vq(models / "giant" / "vq_ds16_c2i.pt")
 
 
 @pytest.fixture(scope="module")
@@ -351,3 +360,46 @@ def test_queue_client_says_what_is_wrong(server, tmp_path):
         queue_client.run([server.url], str(tmp_path / "broken.json"), str(prompts), tmp_path / "o")
     with pytest.raises(PromptFileError, match="--prompts .*none.txt: no such file"):
         queue_client.run([server.url], str(workflow), str(tmp_path / "none.txt"), tmp_path / "o")
+
+
+def _anon_rss(pid: int) -> int:
+    """The process's anonymous resident memory (weights read into memory, not file pages)."""
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon")
+
+
+def test_an_int8_model_renders_and_unload_after_run_gives_its_memory_back(server):
+    from spec_ar.loaders import storage
+
+    int8 = storage.file_weight_bytes(storage.checkpoint_files(
+        server.models / "big" / "c2i_big.safetensors"), "int8")
+    workflow = _with("llamagen_c2i", "SpecAR_LoadModel", model="big/c2i_big.safetensors",
+                     vq="big/vq_ds16_c2i.pt", dtype="int8", device="cpu")
+    next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")["inputs"].update(
+        mode="ar", resolution="256")  # ar: one row per forward, the cheapest on a CPU
+    entry = server.run(workflow)
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    held = _anon_rss(server.proc.pid)
+    next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")["inputs"].update(
+        unload_after_run=True, seed=1)
+    entry = server.run(workflow)
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    released = _anon_rss(server.proc.pid)
+    assert held - released > 0.8 * int8, (held, released, int8)  # the weights (int8 layers, bf16 rest) went
+    entry = server.run(workflow)  # and the next run loads them again
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+
+
+def test_a_model_too_big_for_memory_is_refused_naming_what_fits_and_the_server_keeps_serving(server):
+    for dtype in ("auto", "bfloat16"):
+        workflow = _with("llamagen_c2i", "SpecAR_LoadModel", model="giant/c2i_giant.safetensors",
+                         vq="giant/vq_ds16_c2i.pt", dtype=dtype, device="cpu")
+        err = error_of(server.run(workflow))
+        assert err and err["node_type"] == "SpecAR_LoadModel", err
+        assert err["exception_message"].startswith(
+            "c2i_giant.safetensors (llamagen) in bfloat16 needs about 26.") and "of weights, cpu has" in \
+            err["exception_message"], err["exception_message"]
+    good = server.run(_api("embedded_t2i_ar"))
+    assert good["status"]["status_str"] == "success"

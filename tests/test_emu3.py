@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
+from spec_ar.decoders.blocks import unit_range
 from spec_ar.loaders import emu3
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 from spec_ar.sampling.processing import GUIDANCE, LogSoftmaxGuidance
 
-from .emu3_files import write_emu3
+from .emu3_files import tiny_emu3_vq, write_emu3
 
 PROMPTS = ["a red circle", "a blue cat in the top left on striped background"]
 NEGATIVES = ["blurry", "dark, low quality"]
@@ -168,3 +172,93 @@ def test_resolution_must_be_a_multiple_of_the_downsample(loaded):
     bigger = loaded.resize(40)
     assert bigger.info["grid"] == 5 and bigger.adapter.layout.length == 5 * 6 + 2
     assert bigger.modules["emu3"] is loaded.modules["emu3"], "resizing reuses the loaded model"
+
+
+@torch.no_grad()
+def full_stack_decode(vq, codes: torch.Tensor) -> torch.Tensor:
+    """The previous decode, through transformers: ``Emu3VQVAE.decode`` of the latent frame as a one-frame
+    video; its temporal stack upsamples 1 frame to 4 and the 2D decoder decodes all of them.  Returns the
+    whole video ``[B, 4, 3, H, W]``; the picture is frame 0 (what ``decode`` returns for an image)."""
+    video = vq.decode(codes.unsqueeze(1))
+    assert video.shape[1] == vq.config.temporal_downsample_factor == 4
+    return video
+
+
+@torch.no_grad()
+def test_decode_equals_frame_zero_of_the_four_frame_decode_and_decodes_one_frame(loaded):
+    ad = loaded.adapter
+    vq = ad.model.model.vqmodel
+    codes = torch.randint(0, vq.config.codebook_size, (2, 6, 5), generator=torch.Generator().manual_seed(5))
+    video = full_stack_decode(vq, codes)
+    assert video.shape == (2, 4, 3, 48, 40)
+    assert not torch.allclose(video[:, 0], video[:, 1], atol=1e-3), "the frames differ: which one is kept matters"
+    assert torch.equal(vq.decode(codes), video[:, 0]), "transformers' image decode keeps frame 0"
+
+    frames = []
+    hook = vq.decoder.conv_out.register_forward_hook(lambda module, args, out: frames.append(out.shape[0]))
+    try:
+        ours = emu3.decode_first_frame(vq, codes)
+        pictures = loaded.decode(ad.vocab.code2id[codes])  # visual token ids -> [0, 1]
+    finally:
+        hook.remove()
+    assert frames == [2, 2], "one frame per image through the 2D decoder (the previous decode: 4)"
+    torch.testing.assert_close(ours, video[:, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pictures, unit_range(video[:, 0] * 0.5 + 0.5), atol=1e-5, rtol=1e-5)
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Bytes of the tensors that the ops run under it made and that are still alive, after each op, and
+    their peak (each storage counted once, views included; ``keep``: tensors not to count, the weights)."""
+
+    def __init__(self, keep=()):
+        super().__init__()
+        self.skip = {t.untyped_storage().data_ptr() for t in keep}
+        self.live, self.peak = {}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self.skip and (key not in self.live or self.live[key][0].expired()):
+                    self.live[key] = (StorageWeakRef(storage), storage.nbytes())
+        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
+        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
+        return out
+
+
+def measured_peak(vq, decode, *args) -> tuple[int, torch.Tensor]:
+    """The peak bytes of the tensors ``decode(*args)`` makes (the weights of ``vq`` left out), and its result."""
+    with torch.no_grad(), LiveTensorBytes(keep=[*vq.parameters(), *vq.buffers()]) as live:
+        out = decode(*args)
+    return live.peak, out
+
+
+@pytest.mark.parametrize("side", [128, 256])
+def test_decode_memory_estimate_within_1_5x_of_the_measured_peak(loaded, side):
+    """The tiny model (32 channels at every level) through the loaded model's own decode."""
+    model = loaded.resize(side)
+    vq = model.adapter.model.model.vqmodel
+    grid = side // 8
+    tokens = model.adapter.vocab.code2id[torch.randint(0, vq.config.codebook_size, (1, grid, grid))]
+    peak = measured_peak(vq, model.decode, tokens)[0]
+    assert peak > 30 * side * side, "the decode's activations were counted"
+    assert peak / 1.5 <= model.decode_bytes_per_image <= 1.5 * peak
+
+
+def test_decode_memory_estimate_with_the_released_vq_layout():
+    """Emu3-Gen's VQ layout (channel multipliers 1, 2, 2, 4, two blocks a level, attention at the coarsest
+    level) at 32 base channels: the peak is the first full-resolution block, twice as wide as the output;
+    the previous four-frame decode held more than 6 times as much, for the same picture."""
+    vq = tiny_emu3_vq(base_channels=32, channel_multiplier=[1, 2, 2, 4], num_res_blocks=2, hidden_size=128)
+    g = torch.Generator().manual_seed(1)
+    for side in (96, 128):
+        codes = torch.randint(0, vq.config.codebook_size, (1, side // 8, side // 8), generator=g)
+        peak = measured_peak(vq, emu3.decode_first_frame, vq, codes)[0]
+        estimate = emu3.decode_bytes(vq.config, side, torch.float32)
+        assert peak / 1.5 <= estimate <= 1.5 * peak, side
+    ours, image = measured_peak(vq, emu3.decode_first_frame, vq, codes[:, :8, :8])
+    before, video = measured_peak(vq, full_stack_decode, vq, codes[:, :8, :8])
+    torch.testing.assert_close(image, video[:, 0], atol=1e-5, rtol=1e-5)
+    assert before > 6 * ours

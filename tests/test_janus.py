@@ -126,3 +126,18 @@ def test_a_janus_pickle_that_runs_code_is_refused_in_the_packs_words(folders, tm
     err = capsys.readouterr().err
     assert code == 2 and "refused: it pickles a non-tensor object" in err and "weights_only" not in err
     assert "this pickle runs code" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layout", ["hf", "original"])
+def test_both_layouts_load_in_the_requested_dtype_with_the_models_own_buffers(folders, layout):
+    """Built with its parameters on the meta device and given the file's tensors: every parameter in
+    the dtype asked for, and the buffers no file stores (rotary frequencies, position ids) as
+    transformers' own model computes them."""
+    model, _ = janus.load_model(folders[layout], dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert not any(p.is_meta for p in model.parameters())
+    reference = dict(folders["model"].named_buffers())
+    loaded = dict(model.named_buffers())
+    assert set(loaded) == set(reference)
+    for name, buf in loaded.items():
+        assert torch.equal(buf, reference[name].to(buf.dtype)), name

@@ -78,3 +78,18 @@ def test_decoding_runs_in_chunks_that_fit(model, monkeypatch):
     monkeypatch.setattr(memory, "free_bytes", lambda device: model.decode_bytes_per_image // 2)
     with pytest.raises(ConfigError, match="a decode of 1 image needs"):
         model.check_decoder_fits()
+
+
+def test_memory_mapped_weights_count_as_used(tmp_path, monkeypatch):
+    """Linux reports the pages of a memory-mapped checkpoint as available (a cache it
+    may drop), yet decoding reads them every forward: the batch check counts them."""
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "weights.safetensors"
+    save_file({"w": torch.zeros(64, 1024, 1024, dtype=torch.uint8)}, str(path))  # 64 MB
+    monkeypatch.setattr(memory, "_cpu_available", lambda: 10 * 2**30)
+    before = memory.free_bytes("cpu")
+    mapped = load_file(str(path))  # safetensors maps the file
+    assert memory.mapped_checkpoint_bytes() >= 64 * 2**20
+    assert before - memory.free_bytes("cpu") >= 64 * 2**20
+    del mapped

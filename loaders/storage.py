@@ -1,0 +1,367 @@
+"""How a model's weights are held: a full-precision dtype, or the transformer's linear
+layers quantized (8-bit or 4-bit, weight-only: every matmul runs in the compute dtype).
+
+One declaration per option (:data:`STORAGES`), read by the command line, the loader
+node, the sizing and the bench.  What is quantized: the ``nn.Linear`` layers inside the
+transformer blocks of the language model (names with a ``layers.N.`` component), where
+nearly all of a 7B model's bytes are; embeddings, output heads, norms, the text encoder
+and the VQ decoder keep the compute dtype (a head's logits are what sampling reads).
+
+The quantized formats, and why these (docs/benchmarks.md, "Weight storage"):
+
+* ``int8``: per-output-channel symmetric int8 with a scale per row, multiplied as
+  gpt-fast does (``F.linear(x, w) * scale``); on the CPU through torch's own int8
+  weight-only kernel (``torch._weight_int8pack_mm``, the kernel torchao's
+  int8 weight-only layout calls there).
+* ``fp8``: float8 e4m3 with a scale per row, cast to the compute dtype per forward
+  (ComfyUI's "fp8 scaled" scheme); fast where the GPU converts float8 natively, slow on CPUs.
+* ``nf4``: bitsandbytes' NormalFloat4 with double-quantised block scales (QLoRA),
+  through its ``Linear4bit`` (CUDA and CPU kernels).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..sampling.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Storage:
+    name: str
+    help: str
+    dtype: torch.dtype | None = None  # a full-precision storage; None: quantized linear layers
+    bits: float = 16.0  # bits per weight of a quantized layer, block scales included
+    row_bytes: int = 0  # bytes per output row of a quantized layer (its scale)
+    block: int = 1  # a layer is quantized only if its input width is a multiple of this (the scale blocks)
+    library: str = "torch"
+    requires: str = ""  # the package a quantized option imports
+
+    @property
+    def quantized(self) -> bool:
+        return self.dtype is None
+
+
+STORAGES: dict[str, Storage] = {s.name: s for s in (
+    Storage("float32", "full precision (4 bytes per weight)", torch.float32, 32.0),
+    Storage("bfloat16", "half precision, float32's range (2 bytes per weight): the releases' own", torch.bfloat16),
+    Storage("float16", "half precision, narrow range (2 bytes per weight): may overflow on some models",
+            torch.float16),
+    Storage("int8", "transformer layers in int8 with a scale per row (about 1 byte per weight), computed in "
+                    "bfloat16", bits=8.0, row_bytes=2),
+    Storage("fp8", "transformer layers in float8 e4m3 with a scale per row (about 1 byte per weight), computed "
+                   "in bfloat16; fast on GPUs with native float8 (RTX 40xx, H100), slow on CPUs",
+            bits=8.0, row_bytes=2),
+    Storage("nf4", "transformer layers in bitsandbytes' 4-bit NormalFloat (about 0.53 bytes per weight), "
+                   "computed in bfloat16", bits=4.0 + 8.0 / 64 + 32.0 / (64 * 256), library="bitsandbytes",
+            requires="bitsandbytes", block=64),
+)}
+AUTO_HELP = ("bfloat16 on GPUs (float16 where bfloat16 is missing), float32 on CPUs unless it takes more than half "
+             "the free memory, then bfloat16; refused, naming what fits, when even that does not fit")
+#: a linear layer of a transformer block: what quantized storage quantizes
+BLOCK_LINEAR = re.compile(r"(^|\.)layers\.\d+\.")
+#: submodules never quantized although their blocks are called layers (image encoders, VQ models)
+NEVER = re.compile(r"(^|\.)(vision_model|vision_tower|vqmodel|vq|vqgan)(\.|$)")
+
+
+def storage_of(name: str, option: str = "dtype") -> Storage:
+    """The declared storage called ``name``, or one error naming ``option`` and the choices."""
+    if name not in STORAGES:
+        raise ConfigError(f"{option} must be one of {', '.join(map(repr, STORAGES))} (got {name!r})")
+    return STORAGES[name]
+
+
+def resolve(dtype) -> Storage:
+    """A storage from what loaders are given: a :class:`Storage`, its name, or a torch dtype."""
+    if isinstance(dtype, Storage):
+        return dtype
+    if isinstance(dtype, torch.dtype):
+        return next(s for s in STORAGES.values() if s.dtype == dtype)
+    return storage_of(dtype)
+
+
+def full_dtype(dtype, device) -> torch.dtype:
+    """The dtype of what is never quantized (decoders, text encoders, heads) under ``dtype``."""
+    storage = resolve(dtype)
+    return compute_dtype(device) if storage.quantized else storage.dtype
+
+
+def compute_dtype(device) -> torch.dtype:
+    """What quantized layers multiply in: bfloat16, or float16 on GPUs without bfloat16."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+def check_available(storage: Storage, device) -> None:
+    """Refuse, before any loading, a storage this machine cannot run, naming what works."""
+    if not storage.requires:
+        return
+    try:
+        __import__(storage.requires)
+    except ImportError:
+        fine = ", ".join(n for n, s in STORAGES.items() if not s.requires)
+        raise ConfigError(f"dtype {storage.name!r} needs the {storage.requires} package, which is not installed "
+                          f"(pip install {storage.requires}); without it: {fine}") from None
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` with int8 weights and a scale per output row."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype):
+        super().__init__()
+        w = linear.weight.detach()
+        scale = w.float().abs().amax(1).clamp_min(1e-12) / 127
+        self.register_buffer("weight", (w.float() / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(dtype))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x):
+        if x.device.type == "cpu":
+            y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scale)
+            y = y.view(*x.shape[:-1], -1)
+        else:
+            y = F.linear(x, self.weight.to(x.dtype)) * self.scale
+        return y if self.bias is None else y + self.bias
+
+
+class Fp8Linear(nn.Module):
+    """``nn.Linear`` with float8 e4m3 weights and a scale per output row.  The bytes
+    are kept as uint8, so ``module.to(dtype)`` (which casts every floating tensor)
+    leaves them alone."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype):
+        super().__init__()
+        w = linear.weight.detach()
+        scale = w.float().abs().amax(1).clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max
+        self.register_buffer("weight", (w.float() / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8))
+        self.register_buffer("scale", scale.to(dtype))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x):
+        y = F.linear(x, self.weight.view(torch.float8_e4m3fn).to(x.dtype)) * self.scale
+        return y if self.bias is None else y + self.bias
+
+
+def _nf4(linear: nn.Linear, dtype: torch.dtype, device) -> nn.Module:
+    import bitsandbytes as bnb
+
+    layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                              compute_dtype=dtype, quant_type="nf4", compress_statistics=True, device="meta")
+    layer.weight = bnb.nn.Params4bit(linear.weight.detach().to(dtype), requires_grad=False, quant_type="nf4",
+                                     blocksize=64, compress_statistics=True)
+    if linear.bias is not None:
+        layer.bias = nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+    return layer.to(device)  # Params4bit quantises on its way to a device
+
+
+def quantized_layer(linear: nn.Linear, storage: Storage, dtype: torch.dtype, device) -> nn.Module:
+    """``linear`` stored as ``storage``, on ``device``; the weight is moved there first
+    (one layer at a time: a GPU never holds more than one layer in full precision)."""
+    linear = linear.to(device)
+    if storage.name == "nf4":
+        return _nf4(linear, dtype, device)
+    return {"int8": Int8Linear, "fp8": Fp8Linear}[storage.name](linear, dtype)
+
+
+def quantizes(name: str, shape, storage: Storage) -> bool:
+    """Whether ``storage`` quantizes the weight ``name`` of ``shape`` (a module's or a checkpoint's
+    name): a 2D weight in a transformer block, not in an image model, with whole scale blocks."""
+    return (storage.quantized and len(shape) == 2 and shape[1] % storage.block == 0
+            and bool(BLOCK_LINEAR.search(name)) and not NEVER.search(name))
+
+
+def block_linears(module: nn.Module, storage: Storage) -> list[str]:
+    """Qualified names of the linear layers ``storage`` quantizes in ``module``."""
+    return [name for name, m in module.named_modules()
+            if isinstance(m, nn.Linear) and quantizes(name + ".weight", m.weight.shape, storage)]
+
+
+def checkpoint_ranges() -> list[tuple[int, int]]:
+    """Address ranges of checkpoint files mapped into this process (weights loaded memory-mapped)."""
+    from ..sampling.memory import CHECKPOINT_SUFFIXES
+
+    try:
+        lines = open("/proc/self/maps").read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].strip().endswith(CHECKPOINT_SUFFIXES):
+            out.append(tuple(int(x, 16) for x in parts[0].split("-")))
+    return out
+
+
+def drop_pages(t: torch.Tensor, ranges: list[tuple[int, int]]) -> int:
+    """Give back the resident pages of ``t`` if it lies in a mapped checkpoint file and
+    is no longer needed (its quantized copy replaced it): ``madvise(MADV_DONTNEED)`` on
+    the whole pages inside it, which a file mapping simply reads again if touched.
+    Without it every layer read while quantizing stays resident until the whole file
+    is unmapped, and loading peaks at the full-precision size.  Returns bytes given back."""
+    import ctypes
+    import mmap
+
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    if t.device.type != "cpu" or not any(a <= start and end <= b for a, b in ranges):
+        return 0  # anonymous memory: DONTNEED would zero it
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, end // page * page
+    if hi <= lo:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return hi - lo if libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0 else 0
+
+
+@torch.no_grad()
+def place(module: nn.Module, dtype, device) -> nn.Module:
+    """``module`` on ``device`` stored as ``dtype`` (a storage, its name or a torch
+    dtype): full precision converts it whole;
+    quantized storage replaces each transformer-block linear layer in turn (quantised
+    on ``device``), then moves the rest there in the compute dtype (``Module.to``
+    casts floating tensors only, so the int8, float8-as-uint8 and 4-bit bytes stay)."""
+    storage = resolve(dtype)
+    if not storage.quantized:
+        return module.to(device=device, dtype=storage.dtype)
+    check_available(storage, device)
+    dtype = compute_dtype(device)
+    mapped = checkpoint_ranges()
+    for name in block_linears(module, storage):
+        parent, _, child = name.rpartition(".")
+        owner = module.get_submodule(parent) if parent else module
+        linear = getattr(owner, child)
+        setattr(owner, child, quantized_layer(linear, storage, dtype, device))
+        if linear.weight.dtype == dtype or device_type(device) != "cpu":  # the file's own bytes, read as they are
+            drop_pages(linear.weight, mapped)
+        del linear
+        trim_heap()  # each layer's temporaries, before the next layer's
+    return module.to(device=device, dtype=dtype)
+
+
+def trim_heap() -> None:
+    """Hand the heap's free memory back to the system (glibc keeps freed blocks, and the
+    per-layer temporaries of quantizing would otherwise stay resident)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def device_type(device) -> str:
+    return torch.device(device).type
+
+
+def stored_bytes(module: nn.Module) -> int:
+    """Bytes the parameters and buffers of ``module`` occupy as stored (quantized ones included)."""
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        key = (t.data_ptr(), t.numel()) if t.device.type != "meta" else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+        state = getattr(t, "quant_state", None)  # bitsandbytes' block scales
+        if state is not None:
+            for s in (state.absmax, getattr(state, "state2", None) and state.state2.absmax):
+                if isinstance(s, torch.Tensor):
+                    total += s.numel() * s.element_size()
+    return total
+
+
+def weight_bytes(module: nn.Module, dtype) -> int:
+    """Bytes ``module`` will take once placed with ``storage``, read from its shapes alone
+    (it may still be on the meta device): what sizing counts before loading."""
+    storage = resolve(dtype)
+    quantized = set(block_linears(module, storage))
+    full = 2 if storage.quantized else torch.finfo(storage.dtype).bits // 8
+    total, seen = 0.0, set()
+    for name, m in module.named_modules():
+        for key, t in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            if name in quantized and key == "weight":
+                total += t.numel() * storage.bits / 8 + t.shape[0] * storage.row_bytes
+            else:
+                total += t.numel() * (full if t.is_floating_point() else t.element_size())
+    return int(total)
+
+
+# -- sizing before loading --------------------------------------------------------------
+def checkpoint_files(path) -> list:
+    """The weight files a model at ``path`` loads: the file itself, or a folder's
+    transformers weights (safetensors or .bin, not both) or else its checkpoint files,
+    plus those one folder down (Meta's ``tokenizer/vqgan.ckpt``)."""
+    import pathlib
+
+    from ..formats.checkpoints import weight_files
+    from ..sampling.memory import CHECKPOINT_SUFFIXES
+
+    path = pathlib.Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    top = weight_files(path) or sorted(p for p in path.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)
+    below = sorted(p for sub in path.iterdir() if sub.is_dir() and not (sub / "config.json").is_file()
+                   for p in sub.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)  # not a model of its own
+    return top + below
+
+
+def file_weight_bytes(files, dtype, device="cpu") -> int:
+    """Bytes the tensors in ``files`` take once loaded as ``dtype`` (read from the
+    files' headers: safetensors headers, or pickles memory-mapped)."""
+    from ..formats.checkpoints import peek
+
+    storage = resolve(dtype)
+    full = torch.finfo(full_dtype(storage, device)).bits // 8
+    total = 0.0
+    for f in files:
+        for name, shape in peek(f).items():
+            n = 1
+            for d in shape:
+                n *= d
+            if quantizes(name, shape, storage):
+                total += n * storage.bits / 8 + shape[0] * storage.row_bytes
+            else:
+                total += n * full
+    return int(total)
+
+
+def choose(files, dtype, device, what: str) -> Storage:
+    """The storage to load ``files`` with: ``dtype`` if its weights fit ``device``'s free
+    memory, else one error naming the options that do; ``auto``: bfloat16 on GPUs
+    (float16 without bfloat16), on CPUs float32 while it takes at most half the free
+    memory, else bfloat16 (quantized storage is never picked for the user: it is lossy)."""
+    from ..sampling.memory import HEADROOM, free_bytes, gb
+
+    free = free_bytes(device)
+    dev = torch.device(device)
+    if dtype in (None, "auto"):
+        wanted = compute_dtype(device) if dev.type == "cuda" else torch.float32
+        if dev.type == "cpu" and free is not None and file_weight_bytes(files, torch.float32) > free / 2:
+            wanted = torch.bfloat16
+        storage = resolve(wanted)
+    else:
+        storage = resolve(dtype)
+    need = file_weight_bytes(files, storage, device)
+    if free is None or need <= HEADROOM * free:
+        return storage
+    sizes = {name: file_weight_bytes(files, s, device) for name, s in STORAGES.items()}
+    fits = [f"{name} ({gb(n)})" for name, n in sorted(sizes.items(), key=lambda kv: -kv[1])
+            if n <= HEADROOM * free and name != storage.name]
+    advice = (f"{' or '.join(fits)} fit{'s' if len(fits) == 1 else ''}" if fits else
+              "no storage fits: free memory (close other programs or models) or use a smaller model")
+    raise ConfigError(f"{what} in {storage.name} needs about {gb(need)} of weights, {dev.type} has {gb(free)} "
+                      f"free: {advice}")

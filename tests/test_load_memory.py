@@ -1,0 +1,126 @@
+"""Loading a transformers-family model takes about its own size in memory (issue 29: 7B models on
+8-24 GB GPUs): no float32 stage, no second copy while converting to the requested dtype, in every
+layout the Janus and Chameleon loaders read; and a Lumina-mGPT folder loads without transformers'
+report of the VQ-encoder keys its releases do not ship (nor a random encoder built for them).
+
+Memory is measured in a fresh process: the peak resident set (``VmHWM``) of loading the model and
+reading each of its parameters once (so weights that stay memory-mapped count as they will once
+used), minus the peak after importing torch, transformers and the loaders.  (``ru_maxrss`` would not
+do: a child's starts at its parent's peak, here pytest's with the checkpoints it wrote.)  The checkpoints
+are random bfloat16 models of about 300 MB, so the bound (1.2 x the weight files + a fixed
+:data:`OVERHEAD`) is far from the 2x of a converting copy or the 3x of a float32 stage."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from .chameleon_files import write_chameleon, write_lumina
+from .chameleon_meta_files import perturb, tiny_model, write_meta_chameleon
+from .checkpoints import tiny_janus, write_janus, write_original_janus
+
+OVERHEAD = 64 * 2 ** 20  # config, tokenizer, the model's buffers, one float32 parameter read at a time
+RATIO = 1.2
+LAYERS, HIDDEN, FFN, HEADS = 12, 1024, 2816, 16  # about 150 M parameters: 300 MB in bfloat16
+
+LAYOUTS = {  # name: (loader module, how to write it into a folder)
+    "janus-converted": ("janus", lambda d: write_janus(d, *_janus())),
+    "janus-original": ("janus", lambda d: write_original_janus(d, *_janus())),
+    "chameleon-converted": ("chameleon", lambda d: write_chameleon(
+        d, "lumina", dtype=torch.bfloat16, vqgan=False, hidden_size=HIDDEN, intermediate_size=FFN,
+        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS)),
+    "lumina-layout": ("chameleon", lambda d: write_lumina(
+        d, vqgan=False, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS)),
+    "meta-layout": ("chameleon", lambda d: _meta(d)),
+}
+
+MEASURE = textwrap.dedent("""
+    import json, sys
+    import torch, transformers
+    from transformers import ChameleonForConditionalGeneration, JanusForConditionalGeneration
+    from spec_ar.loaders import chameleon, janus
+
+    def resident():  # the peak of this process's own memory; ru_maxrss would start at the parent's peak
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+    loader, folder, dtype = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
+    base = resident()
+    model, _ = {"janus": janus, "chameleon": chameleon}[loader].load_model(folder, dtype=dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.float().sum()  # read every weight once
+    print(json.dumps({"peak": resident() - base, "dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+                      "transformers": transformers.__version__}))
+""")
+
+
+def _janus():
+    model, tok = tiny_janus(hidden=HIDDEN, intermediate=FFN, layers=LAYERS, heads=HEADS, kv_heads=HEADS)
+    return model.to(torch.bfloat16), tok
+
+
+def _meta(folder):
+    model, vocab = tiny_model(heads=HEADS, kv_heads=HEADS, hidden=HIDDEN, inter=FFN, layers=LAYERS)
+    perturb(model)
+    return write_meta_chameleon(folder, model.to(torch.bfloat16), vocab)  # its tiny VQGAN fills the encoder
+
+
+def weight_bytes(folder) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.suffix in (".safetensors", ".bin", ".pth"))
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def written(request, tmp_path_factory):
+    loader, write = LAYOUTS[request.param]
+    folder = write(tmp_path_factory.mktemp("memory") / request.param)
+    return request.param, loader, folder
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the peak from Linux's /proc")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_loading_a_bfloat16_checkpoint_takes_its_own_size(written, dtype):
+    layout, loader, folder = written
+    done = subprocess.run([sys.executable, "-c", MEASURE, loader, str(folder), dtype], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    stored = weight_bytes(folder)
+    assert result["dtypes"] == [f"torch.{dtype}"]
+    mb = 2 ** 20
+    assert result["peak"] <= RATIO * stored + OVERHEAD, (
+        f"{layout} in {dtype} (transformers {result['transformers']}): peak {result['peak'] / mb:.0f} MB for "
+        f"{stored / mb:.0f} MB of weights, over {RATIO} x + {OVERHEAD / mb:.0f} MB")
+
+
+@pytest.mark.parametrize("layout", ["lumina-layout", "meta-layout"])
+def test_a_folder_without_vq_encoder_weights_loads_without_a_report_or_a_random_encoder(tmp_path, capfd, caplog,
+                                                                                       layout):
+    from spec_ar.loaders import chameleon
+
+    if layout == "lumina-layout":
+        folder = write_lumina(tmp_path / "Lumina-mGPT-7B-768")  # its releases ship no model.vqmodel.*
+    else:
+        folder = write_meta_chameleon(tmp_path / "Anole-7b-v0.1")  # the encoder comes from vqgan.ckpt
+    capfd.readouterr()
+    with caplog.at_level(logging.INFO):
+        loaded = chameleon.load(folder, width=64 if layout == "lumina-layout" else None,
+                                height=64 if layout == "lumina-layout" else None)
+    out, err = capfd.readouterr()
+    said = "\n".join([out, err, caplog.text])
+    for word in ("MISSING", "missing", "newly initialized", "not initialized", "randomly initialised"):
+        assert word not in said, said
+    encoder = loaded.adapter.inner.vqmodel
+    if layout == "lumina-layout":
+        assert encoder is None  # not built: generating never runs it, the pictures come from Meta's VQGAN
+        ids, vectors = loaded.adapter.token_vectors()  # the codebook is the VQGAN decoder's
+        assert torch.equal(vectors, loaded.adapter.codebook[loaded.adapter.code_of[ids]])
+    else:
+        assert encoder is not None and not any(p.is_meta for p in encoder.parameters())
