@@ -52,10 +52,18 @@ class VQSpec:
     codebook_size: int
     embed_dim: int
     has_encoder: bool = True
+    #: the decoder's, highest resolution first, where it differs from the encoder's (LlamaGen's
+    #: ``decoder_ch_mult``; its releases use the encoder's)
+    dec_mult: tuple[int, ...] | None = None
 
     @property
     def downsample(self) -> int:
         return 2 ** (len(self.ch_mult) - 1)
+
+    @property
+    def decoder_channels(self) -> list[int]:
+        """Channels of the decoder's levels, lowest resolution first."""
+        return [self.ch * m for m in reversed(self.dec_mult or self.ch_mult)]
 
     @classmethod
     def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> "VQSpec":
@@ -66,13 +74,20 @@ class VQSpec:
             raise CheckpointError(f"not a LlamaGen VQ tokenizer: missing {missing}")
         levels = sorted({int(k.split(".")[2]) for k in sd if k.startswith("decoder.conv_blocks.")})
         out_ch = [sd[f"decoder.conv_blocks.{j}.res.0.conv1.weight"].shape[0] for j in levels]
-        ch = sd["decoder.conv_out.weight"].shape[1]
         dec_blocks = len({k.split(".")[4] for k in sd if k.startswith("decoder.conv_blocks.0.res.")})
         enc_blocks = len({k.split(".")[4] for k in sd if k.startswith("encoder.conv_blocks.0.res.")})
         book = sd["quantize.embedding.weight"]
-        return cls(ch=ch, ch_mult=tuple(c // ch for c in reversed(out_ch)), enc_blocks=enc_blocks,
-                   dec_blocks=dec_blocks, z_channels=sd["decoder.conv_in.weight"].shape[1],
-                   codebook_size=book.shape[0], embed_dim=book.shape[1], has_encoder=enc_blocks > 0)
+        # the encoder's channels, where there is one (the decoder's may be wider)
+        ch = sd["encoder.conv_in.weight"].shape[0] if enc_blocks else sd["decoder.conv_out.weight"].shape[1]
+        dec_mult = tuple(c // ch for c in reversed(out_ch))
+        ch_mult = dec_mult
+        if enc_blocks:
+            enc_levels = sorted({int(k.split(".")[2]) for k in sd if k.startswith("encoder.conv_blocks.")})
+            ch_mult = tuple(sd[f"encoder.conv_blocks.{i}.res.0.conv1.weight"].shape[0] // ch for i in enc_levels)
+        return cls(ch=ch, ch_mult=ch_mult, enc_blocks=enc_blocks, dec_blocks=dec_blocks,
+                   z_channels=sd["decoder.conv_in.weight"].shape[1], codebook_size=book.shape[0],
+                   embed_dim=book.shape[1], has_encoder=enc_blocks > 0,
+                   dec_mult=None if dec_mult == ch_mult else dec_mult)
 
 
 class Encoder(nn.Module):
@@ -102,7 +117,7 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, s: VQSpec):
         super().__init__()
-        chans = [s.ch * m for m in reversed(s.ch_mult)]  # lowest resolution first
+        chans = s.decoder_channels  # lowest resolution first
         cin = chans[0]
         self.conv_in = nn.Conv2d(s.z_channels, cin, 3, padding=1)
         self.mid = nn.ModuleList([ResnetBlock(cin, cin), AttnBlock(cin), ResnetBlock(cin, cin)])
@@ -212,7 +227,7 @@ class VQ16Decoder:
     def bytes_per_image(self, grid: tuple[int, int]) -> int:
         """Peak activations decoding one image of ``grid`` tokens (an estimate)."""
         s = self.spec
-        return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.ch * s.ch_mult[0],
+        return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.decoder_channels[-1],
                              self.model.post_quant_conv.weight.element_size())
 
     def codebook(self) -> torch.Tensor:

@@ -19,6 +19,10 @@ class Recipe:
     vq_mult: tuple[int, ...] = (1, 2, 2)
     vq_enc_blocks: int = 1
     vq_dec_blocks: int = 2
+    # the decoder's channel multipliers: wider than the encoder's at full resolution, where GroupNorm's 32 groups
+    # of a 32-channel map are one channel each (instance norm), which the decoder could only steer with spikes
+    # that decode as small round spots (StyleGAN2's "droplets"); two channels a group carry the scale
+    vq_dec_mult: tuple[int, ...] = (2, 2, 2)
     vq_z: int = 32
     codebook: int = 512
     code_dim: int = 8
@@ -30,8 +34,11 @@ class Recipe:
     vq_encoder_padding: str = "replicate"  # zeros gave codes that depend on the distance to the border
     # the decoder, on the codes of the dataset: replicate padding, then fine-tuned (train_decoder)
     vq_decoder_padding: str = "replicate"
-    vq_decoder_steps: int = 800
-    vq_decoder_lr: float = 2e-4
+    vq_decoder_steps: int = 400
+    vq_decoder_lr: float = 4e-4
+    # share of each batch whose code maps (and target images) are two dataset pictures cut together along
+    # code-cell lines: arrangements of codes the encoder never writes, as the GPT's pictures have
+    vq_decoder_mix: float = 0.5
     # text encoder and GPT
     text_dim: int = 128
     text_layers: int = 2

@@ -101,15 +101,68 @@ def train_vq(r: Recipe, images: np.ndarray, coverage: np.ndarray, log=print) -> 
     return model.eval()
 
 
+class Spikes:
+    """While open, records how far each GroupNorm input of ``decoder`` peaks above its
+    map's typical activation: per position the RMS over channels, over the RMS of the
+    whole map.  A normalised decoder whose groups are single channels (instance norm)
+    grows one position to many times the rest to steer its statistics (StyleGAN2's
+    "droplet" artifact), and that position decodes as a small round spot: the
+    embedded model's 32-channel decoder peaked at 11 times its maps' RMS on a median
+    picture (26 at most); widened to two channels a group, 2.6."""
+
+    def __init__(self, decoder: torch.nn.Module):
+        self.ratios: list[torch.Tensor] = []  # [B, H, W] per GroupNorm, in call order
+        self._hooks = [m.register_forward_pre_hook(self._record) for m in decoder.modules()
+                       if isinstance(m, torch.nn.GroupNorm)]
+
+    def _record(self, module, args):
+        power = args[0].float().square().mean(1)
+        self.ratios.append((power / power.mean((1, 2), keepdim=True).clamp_min(1e-12)).sqrt())
+
+    def peak(self) -> torch.Tensor:
+        """``[B]``: each image's highest ratio in any map."""
+        return torch.stack([r.flatten(1).amax(1) for r in self.ratios]).amax(0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self.ratios.clear()
+
+
+def cut_together(x: torch.Tensor, codes: torch.Tensor, share: float, gen: torch.Generator, cell: int):
+    """The first ``share`` of a batch replaced by pairs of its pictures cut together:
+    a rectangle of whole code cells from one pasted onto another, in the codes and in
+    the pixels alike (a code stands for its cell, so the pasted codes still describe
+    the pasted pixels), giving the decoder arrangements no single picture has."""
+    n = int(round(share * len(x)))
+    if n == 0:
+        return x, codes
+    x, codes = x.clone(), codes.clone()
+    h, w = codes.shape[1:]
+    other = torch.randperm(len(x), generator=gen)[:n]
+    for i, j in enumerate(other.tolist()):
+        hh, ww = (int(torch.randint(2, s, (1,), generator=gen)) for s in (h, w))
+        top, left = int(torch.randint(0, h - hh + 1, (1,), generator=gen)), int(torch.randint(0, w - ww + 1, (1,),
+                                                                                             generator=gen))
+        codes[i, top:top + hh, left:left + ww] = codes[j, top:top + hh, left:left + ww]
+        x[i, :, top * cell:(top + hh) * cell, left * cell:(left + ww) * cell] = \
+            x[j, :, top * cell:(top + hh) * cell, left * cell:(left + ww) * cell]
+    return x, codes
+
+
 def train_decoder(r: Recipe, model: VQModel, images: np.ndarray, coverage: np.ndarray, codes: torch.Tensor,
                   log=print) -> VQModel:
     """The decoder again, encoder and codebook frozen (so the codes, and the GPT
     trained on them, stay valid), with ``vq_decoder_padding``: the decoder learns
     the codes the finished encoder writes.  (Added to mend a folder whose first
     stage had zero padding: its decoder drew a darker frame and a stripe near the
-    top-right corner for a grid of one code, mean deviation 0.13 there against 0.01
-    in the centre; with replicate padding a uniform grid decodes to a uniform
-    image, and reconstructions of real renders improved in every region.)"""
+    top-right corner for a grid of one code; with replicate padding a uniform grid
+    decodes to a uniform image, and reconstructions improved in every region.)
+    Part of each batch is cut together from two pictures (``vq_decoder_mix``); the
+    decoder is as wide as ``vq_dec_mult`` says (:func:`widened` builds it)."""
     torch.manual_seed(r.seed + 5)
     model.set_padding("decoder", r.vq_decoder_padding).train()
     params = list(model.decoder.parameters()) + list(model.post_quant_conv.parameters())
@@ -119,19 +172,28 @@ def train_decoder(r: Recipe, model: VQModel, images: np.ndarray, coverage: np.nd
     opt = torch.optim.Adam(params, lr=r.vq_decoder_lr, betas=(0.5, 0.9))
     gen = torch.Generator().manual_seed(r.seed + 6)
     book = model.quantize.codebook().detach()
-    for step in range(r.vq_decoder_steps):
-        for g in opt.param_groups:
-            g["lr"] = r.vq_decoder_lr * _schedule(step, r.vq_decoder_steps, 20)
-        pick = torch.randint(0, len(images), (r.vq_batch,), generator=gen)
-        x = _to_tensor(images[pick.numpy()])
-        weight = 1 + r.object_weight * F.max_pool2d(torch.from_numpy(coverage[pick.numpy()]).unsqueeze(1), 5, 1, 2)
-        err = model.decoder(model.post_quant_conv(book[codes[pick]].permute(0, 3, 1, 2))) - x
-        loss = (weight * (err.abs() + err.square())).mean() / weight.mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % 100 == 0 or step == r.vq_decoder_steps - 1:
-            log(f"  decoder step {step:5d}  reconstruction {loss.item():.4f}")
+    cell = r.size // r.grid
+    with Spikes(model.decoder) as spikes:  # watched, not trained on: the log shows the droplets go
+        for step in range(r.vq_decoder_steps):
+            for g in opt.param_groups:
+                g["lr"] = r.vq_decoder_lr * _schedule(step, r.vq_decoder_steps, 20)
+            pick = torch.randint(0, len(images), (r.vq_batch,), generator=gen)
+            x = _to_tensor(images[pick.numpy()])
+            weight = 1 + r.object_weight * F.max_pool2d(torch.from_numpy(coverage[pick.numpy()]).unsqueeze(1), 5, 1,
+                                                         2)
+            batch_codes = codes[pick]
+            if r.vq_decoder_mix:
+                both, batch_codes = cut_together(torch.cat([x, weight], 1), batch_codes, r.vq_decoder_mix, gen, cell)
+                x, weight = both[:, :3], both[:, 3:]
+            spikes.ratios.clear()
+            err = model.decoder(model.post_quant_conv(book[batch_codes].permute(0, 3, 1, 2))) - x
+            loss = (weight * (err.abs() + err.square())).mean() / weight.mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if step % 100 == 0 or step == r.vq_decoder_steps - 1:
+                log(f"  decoder step {step:5d}  reconstruction {loss.item():.4f}  "
+                    f"peak activation {spikes.peak().max().item():.1f} x RMS")
     for p in frozen:
         p.requires_grad_(True)
     return model.eval()
@@ -262,6 +324,24 @@ def main(argv=None) -> int:
     return 0
 
 
+#: the decoder stage's recipe fields: what ``--decoder-only`` takes from today's recipe
+DECODER_FIELDS = ("vq_dec_mult", "vq_decoder_padding", "vq_decoder_steps", "vq_decoder_lr", "vq_decoder_mix")
+
+
+def widened(vq: VQModel, r: Recipe) -> VQModel:
+    """``vq`` with the decoder ``r`` asks for: the encoder, codebook and every decoder
+    tensor whose shape is unchanged carried over, the rest freshly initialised (the
+    decoder stage then trains it, codebook frozen)."""
+    spec = vq_spec(r)
+    if spec == vq.spec:
+        return vq
+    new = VQModel(spec).set_padding("encoder", r.vq_encoder_padding).set_padding("decoder", r.vq_decoder_padding)
+    mine = new.state_dict()
+    new.load_state_dict({k: v for k, v in vq.state_dict().items() if k in mine and mine[k].shape == v.shape},
+                        strict=False)
+    return new
+
+
 def decoder_only(folder: pathlib.Path, out: pathlib.Path, quick: bool = False, log=print) -> dict:
     """The decoder stage on an existing model folder: same data (the folder's recipe
     and seed), its codes, then the folder written again with the new decoder."""
@@ -272,8 +352,7 @@ def decoder_only(folder: pathlib.Path, out: pathlib.Path, quick: bool = False, l
 
     model = embedded.load(folder)
     config = json.loads((folder / "config.json").read_text())
-    r = replace(embedded.recipe_of(config), **{k: getattr(Recipe(), k) for k in ("vq_decoder_padding",
-                                                                                   "vq_decoder_steps", "vq_decoder_lr")})
+    r = replace(embedded.recipe_of(config), **{k: getattr(Recipe(), k) for k in DECODER_FIELDS})
     if quick:
         r = Recipe(**{**asdict(r), "images": 512, "vq_decoder_steps": 5})
     t0 = time.perf_counter()
@@ -281,7 +360,7 @@ def decoder_only(folder: pathlib.Path, out: pathlib.Path, quick: bool = False, l
                                                         coverage=True)
     vq = model.modules["vq"].float()
     codes = encode_dataset(vq, images)
-    vq = train_decoder(r, vq, images, coverage, codes, log)
+    vq = train_decoder(r, widened(vq, r), images, coverage, codes, log)
     stats = dict(config.get("training", {}), decoder_minutes=round((time.perf_counter() - t0) / 60, 2))
     save(out, r, vq, model.modules["gpt"].float(), model.modules["text"].float(), stats)
     if (folder / "judge.safetensors").is_file() and folder.resolve() != out.resolve():

@@ -36,7 +36,8 @@ def is_embedded(path) -> bool:
 # in: embedded/recipe.py stays free of loaders/, which imports it.
 def vq_spec(r: Recipe) -> VQSpec:
     return VQSpec(ch=r.vq_ch, ch_mult=r.vq_mult, enc_blocks=r.vq_enc_blocks, dec_blocks=r.vq_dec_blocks,
-                  z_channels=r.vq_z, codebook_size=r.codebook, embed_dim=r.code_dim)
+                  z_channels=r.vq_z, codebook_size=r.codebook, embed_dim=r.code_dim,
+                  dec_mult=None if tuple(r.vq_dec_mult) == tuple(r.vq_mult) else tuple(r.vq_dec_mult))
 
 
 def gpt_spec(r: Recipe) -> GPTSpec:
@@ -48,7 +49,10 @@ def gpt_spec(r: Recipe) -> GPTSpec:
 def recipe_of(config: dict) -> Recipe:
     """The recipe a model folder's ``config.json`` records."""
     # folders trained before the padding fields existed have LlamaGen's zero padding
-    values = {"vq_encoder_padding": "zeros", "vq_decoder_padding": "zeros", **config["recipe"]}
+    # and decoders trained before cut-together batches and the wider decoder, neither
+    values = {"vq_encoder_padding": "zeros", "vq_decoder_padding": "zeros", "vq_decoder_mix": 0.0,
+              **config["recipe"]}
+    values.setdefault("vq_dec_mult", values.get("vq_mult", Recipe.vq_mult))  # the encoder's
     return Recipe(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
@@ -77,7 +81,7 @@ def load(folder=FOLDER, device="cpu", dtype=torch.float32):
     adapter.sampling_defaults = dict(config.get("sampling_defaults", adapter.sampling_defaults))
     return LoadedModel(family="embedded", name="embedded text-to-image (LlamaGen architecture, 64 px)",
                        adapter=adapter, decode=vq.decode, condition="text", resolutions=(recipe.size,),
-                       info={"resolution": recipe.size, "grid": recipe.grid, "folder": str(folder),
+                       info={"resolution": recipe.size, "grid": recipe.grid, "folder": str(folder), "recipe": recipe,
                              "vocabulary": config["vocabulary"]},
                        decode_bytes_per_image=vq.bytes_per_image((recipe.grid, recipe.grid)),
                        modules={"gpt": gpt, "text": text, "vq": vq.model})

@@ -90,3 +90,42 @@ def test_the_shipped_sibling_is_a_smaller_model_on_the_same_tokenizer_and_drafts
     res = SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=4), drafter=drafts).generate(
         ["a red circle on a plain white background"], seeds=[0])
     assert res.reports[0].tokens_per_forward > 1.5  # it drafts what the model draws, often
+
+
+#: the decoder's GroupNorm inputs stay under this many times their map's RMS everywhere (the decoder
+#: before its widening peaked at 11 on a median picture, 26 at most, and drew small round spots there)
+DROPLET = 8.0
+
+
+def test_no_code_makes_the_decoder_draw_a_spot(model):
+    """Every code of the codebook, decoded as a uniform grid, gives a uniform picture of
+    its own colour; and put as a 2 x 2 patch into pictures the model drew, it makes no
+    droplet: no position of any GroupNorm input in the decoder many times its map's RMS,
+    which is what a small round spot in the picture is made of (``train.Spikes``)."""
+    from spec_ar.embedded.train import Spikes
+    from spec_ar.sampling import SpeculativeDecoder
+
+    vq, grid, n = model.modules["vq"], model.info["grid"], model.adapter.vocab_size
+    with torch.no_grad():
+        uniform = model.decode(torch.arange(n).view(-1, 1, 1).expand(-1, grid, grid))
+        deviation = (uniform - uniform.flatten(2).mean(-1)[..., None, None]).abs().amax((1, 2, 3))
+        assert deviation.max() < 1e-3, int(deviation.argmax())
+        colours = uniform.mean((2, 3))
+        assert colours.std(0).min() > 0.05  # the codes' colours differ (one-channel groups made them all grey)
+        prompts = ["a red circle in the top left", "a blue square on a plain green background",
+                   "a yellow star at the bottom on a striped purple background", "a white cross on the right"]
+        drawn = SpeculativeDecoder(model.adapter, DecodeConfig(mode="ar")).generate(prompts, seeds=0)
+        maps = drawn.image_tokens(model.adapter.layout)
+        patched = maps[torch.arange(n) % len(prompts)].clone()
+        rows, cols = (torch.arange(n) * 5) % (grid - 1), (torch.arange(n) * 3) % (grid - 1)
+        for dr in (0, 1):
+            for dc in (0, 1):
+                patched[torch.arange(n), rows + dr, cols + dc] = torch.arange(n)
+        peaks = []
+        with Spikes(vq.decoder) as spikes:
+            for start in range(0, n, 64):
+                vq.decode_codes(patched[start:start + 64])
+                peaks.append(spikes.peak())
+                spikes.ratios.clear()
+    peaks = torch.cat(peaks)
+    assert peaks.max() < DROPLET, f"code {int(peaks.argmax())} makes a droplet {float(peaks.max()):.1f} x RMS"
