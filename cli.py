@@ -62,8 +62,6 @@ def literal(text: str) -> str:
 
 
 def _render(args) -> int:
-    import torch
-
     from .loaders.base import resolve_device
     from .loaders.detect import load_drafter, load_model
     from .sampling import ConfigError, DecodeConfig, SpeculativeDecoder

@@ -153,7 +153,8 @@ def report(results: dict) -> str:
     windows = results["windows"]
     lines = [f"# Weight storage on {results['model']} ({results['device']}, torch {results['torch']})", "",
              "| dtype | load s | weights | peak memory | peak above start | " +
-             " | ".join(f"ms/forward L={w}" for w in windows) + " | top-1 vs " + rows[0]["dtype"] + " | KL mean | KL max |",
+             " | ".join(f"ms/forward L={w}" for w in windows) + " | top-1 vs " + rows[0]["dtype"]
+             + " | KL mean | KL max |",
              "|---" * (7 + len(windows)) + "|---|"]
     for r in rows:
         if "error" in r:
