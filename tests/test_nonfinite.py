@@ -84,10 +84,10 @@ def test_an_overflowing_real_decoder_is_an_error_not_a_black_picture(poison, tmp
     """The embedded model's VQ decoder with a poisoned output layer: infinity must not
     be clamped into a white or black picture, NaN not written as black."""
     from spec_ar.cli import main
-    from spec_ar.loaders import detect, embedded
+    from spec_ar.loaders import detect
     from spec_ar.sampling import NonFiniteImageError
 
-    model = embedded.load()
+    model = detect.load_model("embedded")
     with torch.no_grad():
         model.modules["vq"].decoder.conv_out.bias[0] = poison
     tokens = torch.zeros(2, 16, 16, dtype=torch.long)
