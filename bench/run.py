@@ -234,7 +234,6 @@ def run(args, log=print) -> dict:
     from ..loaders.detect import detect, load_drafter, load_model
 
     device = resolve_device(args.device)
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     prompts = read_prompts(args.prompts, f"--prompts {args.prompts}")
     if detect(args.model).condition == "class":  # the list holds class ids (checked before loading)
         bad = [p for p in prompts if not p.isdigit()]
@@ -242,7 +241,8 @@ def run(args, log=print) -> dict:
             raise ConfigError(f"{args.model} is class-conditional: --prompts must hold one class id per line "
                               f"(got {bad[0]!r})")
         prompts = [int(p) for p in prompts]
-    model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device=device, dtype=dtype)
+    model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device=device, dtype=args.dtype)
+    dtype = model.storage.name
     runs = [(m, DecodeConfig(mode=m)) for m in args.modes]
     for spec in args.sweep:
         runs += parse_sweep(spec)
@@ -352,6 +352,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-skip-on-best", dest="skip_on_best", action="store_false",
                     help="do not add VVS skipping (uniform and similarity) on the best relaxed setting")
     ap.add_argument("--device")
+    ap.add_argument("--dtype", default="auto", help="how the weights are stored, as spec-ar render --dtype")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from ..output_folders import writable_folder

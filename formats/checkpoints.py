@@ -184,7 +184,7 @@ def weight_files(folder: pathlib.Path) -> list[pathlib.Path]:
     return sorted(folder.glob(WEIGHT_PATTERNS[0])) or sorted(folder.glob(WEIGHT_PATTERNS[1]))
 
 
-def dtype_kwarg(dtype: torch.dtype) -> dict:
+def dtype_kwarg(dtype: torch.dtype | str) -> dict:
     """``from_pretrained``'s dtype argument: ``torch_dtype`` before transformers 4.56, ``dtype`` since."""
     import transformers
 

@@ -75,8 +75,10 @@ def load_model(folder: str | pathlib.Path, device="cpu", dtype=torch.float32):
         raise CheckpointError(f"{folder}: config.json model_type {model_type!r} is not 'emu3' (a converted "
                               "Emu3 folder such as Emu3-community/Emu3-Gen-hf is needed)")
     tokenizer = tokenizer_from_pretrained(folder)
-    model = from_pretrained(Emu3ForConditionalGeneration, folder, "an Emu3 model", full_dtype(dtype, device))
-    return place(model, dtype, device).eval(), tokenizer  # full precision: dtype again, older versions ignore it
+    # in the files' own dtype (memory-mapped, no copy), then converted or quantized a tensor at a time: asked for
+    # another dtype, transformers would hold both copies at once
+    model = from_pretrained(Emu3ForConditionalGeneration, folder, "an Emu3 model", "auto")
+    return place(model, dtype, device).eval(), tokenizer
 
 
 def _pixel_affine(folder: pathlib.Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -103,7 +103,7 @@ def check_available(storage: Storage, device) -> None:
     if not storage.requires:
         return
     try:
-        __import__(storage.requires)
+        import_bitsandbytes() if storage.requires == "bitsandbytes" else __import__(storage.requires)
     except ImportError:
         fine = ", ".join(n for n, s in STORAGES.items() if not s.requires)
         raise ConfigError(f"dtype {storage.name!r} needs the {storage.requires} package, which is not installed "
@@ -150,8 +150,19 @@ class Fp8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+def import_bitsandbytes():
+    """``bitsandbytes``, imported without its warning that an optional CPU kernel could not be
+    fetched from the Hugging Face hub (its own CPU path is used instead; the pack never downloads)."""
+    import logging
+
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    import bitsandbytes
+
+    return bitsandbytes
+
+
 def _nf4(linear: nn.Linear, dtype: torch.dtype, device) -> nn.Module:
-    import bitsandbytes as bnb
+    bnb = import_bitsandbytes()
 
     layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
                               compute_dtype=dtype, quant_type="nf4", compress_statistics=True, device="meta")
@@ -231,7 +242,7 @@ def place(module: nn.Module, dtype, device) -> nn.Module:
     casts floating tensors only, so the int8, float8-as-uint8 and 4-bit bytes stay)."""
     storage = resolve(dtype)
     if not storage.quantized:
-        return module.to(device=device, dtype=storage.dtype)
+        return convert(module, storage.dtype, device)
     check_available(storage, device)
     dtype = compute_dtype(device)
     mapped = checkpoint_ranges()
@@ -256,6 +267,29 @@ def trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+@torch.no_grad()
+def convert(module: nn.Module, dtype: torch.dtype, device) -> nn.Module:
+    """``module.to(device, dtype)`` one tensor at a time, each source's mapped pages given
+    back as it is replaced: a bfloat16 file read as float16 (or moved to a GPU) peaks at
+    the new size plus one tensor, not both copies.  Tied tensors stay tied."""
+    mapped, done = checkpoint_ranges(), {}
+    target = torch.device(device)
+    for m in module.modules():
+        for table in (m._parameters, m._buffers):
+            for key, t in list(table.items()):
+                if t is None:
+                    continue
+                want = dtype if t.is_floating_point() else t.dtype
+                if t.device == target and t.dtype == want:
+                    continue
+                if id(t) not in done:
+                    new = t.detach().to(device=target, dtype=want)
+                    done[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if table is m._parameters else new
+                    drop_pages(t, mapped)
+                table[key] = done[id(t)]
+    return module
 
 
 def device_type(device) -> str:
