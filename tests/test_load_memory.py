@@ -26,6 +26,9 @@ from .chameleon_meta_files import perturb, tiny_model, write_meta_chameleon
 from .checkpoints import tiny_janus, write_janus, write_original_janus
 
 OVERHEAD = 64 * 2 ** 20  # config, tokenizer, the model's buffers, one float32 parameter read at a time
+#: quantizing: the same, plus the quantizer's temporaries for one layer (float32 copies, block scales) and the
+#: heap it leaves between trims (measured up to 80 MB over the stored size for nf4 at this size)
+QUANTIZING_OVERHEAD = 96 * 2 ** 20
 RATIO = 1.2
 LAYERS, HIDDEN, FFN, HEADS = 12, 1024, 2816, 16  # about 150 M parameters: 300 MB in bfloat16
 
@@ -146,6 +149,6 @@ def test_quantized_storage_takes_its_own_size_while_loading(written, dtype):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     mb = 2 ** 20
     assert result["stored"] < 0.7 * weight_bytes(folder)
-    assert result["peak"] <= RATIO * result["stored"] + OVERHEAD, (
+    assert result["peak"] <= RATIO * result["stored"] + QUANTIZING_OVERHEAD, (
         f"{layout} in {dtype}: peak {result['peak'] / mb:.0f} MB for {result['stored'] / mb:.0f} MB stored "
-        f"({weight_bytes(folder) / mb:.0f} MB in the files), over {RATIO} x + {OVERHEAD / mb:.0f} MB")
+        f"({weight_bytes(folder) / mb:.0f} MB in the files), over {RATIO} x + {QUANTIZING_OVERHEAD / mb:.0f} MB")
