@@ -24,8 +24,10 @@ import argparse
 import json
 import pathlib
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -210,8 +212,9 @@ def main(argv=None) -> int:
     results = {"model": args.model, "device": args.device, "torch": torch.__version__, "windows": args.windows,
                "runs": []}
     ref = None
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="spec-ar-storage-"))  # logits: compared, not kept
     for name in args.dtypes:
-        logits = out / f"logits_{name}.pt"
+        logits = scratch / f"logits_{name}.pt"
         cmd = [sys.executable, "-m", "spec_ar.cli", "bench", "storage", "--one", name, "--logits", str(logits),
                "--model", args.model, "--device", args.device, "--forwards", str(args.forwards),
                "--windows", *map(str, args.windows)]
@@ -234,6 +237,7 @@ def main(argv=None) -> int:
               f"{gbs(row.get('peak_allocated', row['peak_rss']))}, "
               + ", ".join(f"L={w} {row[f'ms_per_forward_w{w}']:.1f} ms" for w in args.windows)
               + f", top-1 {row['top1_agreement']:.3f}, KL {row['kl_mean']:.4f}", flush=True)
+    shutil.rmtree(scratch, ignore_errors=True)
     if args.quality_images:
         results["quality"] = {"images": args.quality_images, **quality(args)}
     (out / "results.json").write_text(json.dumps(results, indent=1))
