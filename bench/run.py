@@ -315,7 +315,8 @@ def run(args, log=print) -> dict:
 
 def main(argv=None) -> int:
     """``spec-ar bench [options]``, ``spec-ar bench overhead [options]`` (the engine's own cost), or
-    ``spec-ar bench storage [options]`` (weight storage options side by side)."""
+    ``spec-ar bench storage [options]`` (weight storage options side by side), or ``spec-ar bench gpu
+    [options]`` (bandwidth, 7B-class forwards against their floor, the embedded model per mode)."""
     from ..embedded.demo import PROMPTS
     from .sweeps import sweep_help
 
@@ -328,6 +329,10 @@ def main(argv=None) -> int:
         from .storage import main as storage
 
         return storage(argv[1:])
+    if argv[:1] == ["gpu"]:
+        from .gpu import main as gpu
+
+        return gpu(argv[1:])
 
     ap = argparse.ArgumentParser(prog="spec-ar bench", description=__doc__, epilog=sweep_help(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextvars
 import json
 import math
 import os
@@ -348,6 +349,10 @@ class _BackgroundWriter:
             raise self.error
 
 
+#: set by ``write(..., holes=True)``: safetensors weights written as headers over sparse holes (all zeros)
+_HOLES = contextvars.ContextVar("holes", default=False)
+
+
 def write_safetensors(path: pathlib.Path, specs: list[TensorSpec], dtype: torch.dtype, seed: int,
                       metadata: dict | None = None) -> None:
     """A safetensors file written as a stream: 8-byte little-endian header length, the JSON header (names,
@@ -362,6 +367,11 @@ def write_safetensors(path: pathlib.Path, specs: list[TensorSpec], dtype: torch.
         offset += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
+    if _HOLES.get():  # the header, then a sparse hole: the file's size in no space, every value zero
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            f.truncate(8 + len(raw) + offset)
+        return
     ring = _Ring(_BackgroundWriter.IN_FLIGHT + 2)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
@@ -1003,8 +1013,11 @@ def resolve(family: str) -> str:
 
 
 def write(family: str, out, layout: str | None = None, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0,
-          seed: int = 0, shard_gb: float | None = None, log=print) -> Written:
-    """Write ``family`` in ``layout`` into the folder ``out`` (created; must be empty or new)."""
+          seed: int = 0, shard_gb: float | None = None, log=print, holes: bool = False) -> Written:
+    """Write ``family`` in ``layout`` into the folder ``out`` (created; must be empty or new).  ``holes``: the
+    safetensors weights as headers over sparse holes (every value zero, no disk space, written at once): for
+    what needs the files' layout and sizes but not their values, or redraws the values after loading
+    (``spec-ar bench gpu``); torch pickles are written in full."""
     family = resolve(family)
     cfg = CONFIGS[family]
     layout = layout or cfg["layouts"][0]
@@ -1023,7 +1036,11 @@ def write(family: str, out, layout: str | None = None, dtype: torch.dtype = torc
     start = time.perf_counter()
     fn = {"janus-pro-7b": _write_janus, "lumina-mgpt-7b-768": _write_chameleon, "anole-7b": _write_chameleon,
           "emu3-gen": _write_emu3}[family]
-    fn(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log)
+    token = _HOLES.set(holes)
+    try:
+        fn(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log)
+    finally:
+        _HOLES.reset(token)
     result.seconds = time.perf_counter() - start
     result.bytes, result.files = stats.bytes, [str(p) for p in stats.files]
     result.peak_rss = peak_rss()
@@ -1385,6 +1402,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-gb", type=float, default=None,
                     help="largest weight shard in GB (default: the release's, 5 or 10; Meta's layout: one file)")
+    ap.add_argument("--holes", action="store_true", help="safetensors weights as headers over sparse holes "
+                    "(every value zero, no disk space): for loading and sizing, not for logits")
     ap.add_argument("--check", action="store_true", help="then read back the headers and indexes and check them")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON line at the end")
     args = ap.parse_args(argv)
@@ -1392,7 +1411,8 @@ def main(argv=None) -> int:
         family = resolve(args.family)
     except ValueError as err:
         ap.error(str(err))
-    result = write(family, args.out, args.layout, DTYPES[args.dtype], args.scale, args.seed, args.shard_gb)
+    result = write(family, args.out, args.layout, DTYPES[args.dtype], args.scale, args.seed, args.shard_gb,
+                   holes=args.holes)
     print(f"wrote {result.family} ({result.layout} layout, scale {result.scale}) to {result.folder}: "
           f"{result.bytes / 1e9:.3f} GB in {len(result.files)} files, {result.parameters / 1e9:.3f} B parameters; "
           f"{result.seconds:.1f} s ({result.weight_seconds:.1f} s weights, "

@@ -442,6 +442,11 @@ class LlamaGenAdapter(ImageAdapter):
             return None
         return sum(t.numel() * t.element_size() for t in self.cache.k + self.cache.v)
 
+    def live_cache_bytes(self):
+        if self.cache is None:
+            return None
+        return self.cache_bytes() * max(self.cache.host_length) // self.cache.capacity
+
     def cache_bytes_per_image(self, conditions, negatives, guided):
         s = self.spec  # keys and values: n_head * head_dim = dim per layer and position
         positions = s.cond_tokens + self.layout.length + self.MARGIN

@@ -158,6 +158,11 @@ class ImageAdapter:
         """Bytes held by the KV cache now (for memory reports), if known."""
         return None
 
+    def live_cache_bytes(self) -> int | None:
+        """Bytes of the KV cache a forward reads now: the live positions of a
+        preallocated cache, all of a cache that grows as it fills."""
+        return self.cache_bytes()
+
     def cache_bytes_per_image(self, conditions: Sequence, negatives: Sequence | None, guided: bool) -> int | None:
         """Bytes the KV cache will hold per image for a batch of ``conditions``
         (every guidance branch, the longest condition, a whole image and the

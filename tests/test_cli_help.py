@@ -34,7 +34,7 @@ def flat(text: str) -> str:
 
 def commands() -> list[tuple[str, ...]]:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    return [(), *((name,) for name in sub.choices), ("bench", "overhead"), ("bench", "storage")]
+    return [(), *((name,) for name in sub.choices), ("bench", "overhead"), ("bench", "storage"), ("bench", "gpu")]
 
 
 def test_every_command_is_listed():

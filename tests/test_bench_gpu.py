@@ -1,0 +1,79 @@
+"""``spec-ar bench gpu`` on the CPU with tiny configurations: the output it promises,
+the floor it computes from what a forward really reads, trees that are trees."""
+import json
+
+import pytest
+import torch
+
+from spec_ar.bench import gpu
+from spec_ar.loaders.storage import stored_bytes
+from spec_ar.sampling.tree import depths
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-gpu")
+    argv = ["--device", "cpu", "--scale", "0.03", "--models", "llamagen-xl", "janus-pro-7b", "--dtypes", "bfloat16",
+            "int8", "--widths", "1", "3", "--trees", "5", "--forwards", "1", "--modes", "ar", "sjd", "--images", "1",
+            "--out", str(out)]
+    assert gpu.main(argv) == 0
+    return json.loads((out / "results.json").read_text()), (out / "report.md").read_text()
+
+
+def test_every_model_and_dtype_is_timed_at_every_shape_beside_its_floor(run):
+    results, _ = run
+    rows = results["forwards"]
+    assert [(r["model"], r["dtype"]) for r in rows] == [("llamagen-xl", "bfloat16"), ("llamagen-xl", "int8"),
+                                                        ("janus-pro-7b", "bfloat16"), ("janus-pro-7b", "int8")]
+    for r in rows:
+        assert "error" not in r, r
+        assert all(r[k] > 0 for k in ("w1", "w3", "tree5", "floor_ms", "live_kv_bytes", "weight_bytes_per_forward"))
+        assert r["floor_ms"] == pytest.approx((r["weight_bytes_per_forward"] + r["live_kv_bytes"])
+                                              / results["bandwidth"]["bytes_per_s"] * 1000)
+        assert r["context_tokens"] == r["image_tokens"] // 2
+    bf16, int8 = rows[2], rows[3]
+    assert int8["weight_bytes_per_forward"] < bf16["weight_bytes_per_forward"]  # the quantized blocks read less
+    assert int8["top1_agreement"] > 0 and int8["kl_mean"] >= 0
+
+
+def test_the_report_prints_bandwidth_forwards_layers_and_the_embedded_modes(run):
+    results, text = run
+    assert text.startswith("# GPU bench on CPU")
+    assert f"Bandwidth: {results['bandwidth']['bytes_per_s'] / 1e9:.0f} GB/s" in text
+    assert "| model | dtype | weights read / forward | live KV | floor ms | L=1 | L=3 | tree 5 |" in text
+    assert "| janus-pro-7b | int8 |" in text
+    assert {k["dtype"] for k in results["kernels"]} == {"bfloat16", "int8"}
+    assert [r["mode"] for r in results["embedded"]] == ["ar", "sjd"]
+    ar, sjd = results["embedded"]
+    assert ar["forwards"] == 256 and ar["tokens_per_forward"] == 1.0
+    assert sjd["forwards"] < ar["forwards"]
+    assert "| sjd |" in text
+
+
+def test_the_floor_counts_only_the_layers_a_forward_runs(tmp_path):
+    """Janus carries a vision tower and a VQ model that a decoding forward never runs."""
+    path = gpu.write_model("janus-pro-7b", tmp_path / "janus", 0.03)
+    model = gpu.load(path, "cpu", "bfloat16")
+    model.adapter.prefill(["a fox"], None, True)
+    read = gpu.read_per_forward(model.adapter, model.modules, torch.tensor([[model.adapter.vocab_size - 1]]))
+    whole = sum(stored_bytes(m) for m in model.modules.values())
+    janus = model.modules["janus"].model
+    assert read < whole - stored_bytes(janus.vision_model) - stored_bytes(janus.vqmodel)
+    assert read > sum(stored_bytes(m) for m in janus.language_model.layers)
+
+
+def test_redrawn_weights_are_the_same_model_every_time(tmp_path):
+    path = gpu.write_model("llamagen-xl", tmp_path / "lg", 0.03)
+    a, b = gpu.load(path, "cpu", "bfloat16"), gpu.load(path, "cpu", "bfloat16")
+    pa, pb = (dict(m.modules["gpt"].named_parameters()) for m in (a, b))
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    w = pa["layers.0.attention.wqkv.weight"].detach().float()
+    assert 0.015 < float(w.std()) < 0.025  # drawn, not the file's zeros
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 60, 120])
+def test_tree_parents_make_a_tree(n):
+    parents = gpu.tree_parents(n)
+    assert parents.shape == (1, n)
+    assert all(-1 <= int(p) < i for i, p in enumerate(parents[0]))
+    assert int(depths(parents).max()) <= max(1, n).bit_length()
