@@ -79,7 +79,7 @@ def _render(args) -> int:
     if args.drafter and not config.drafts:
         raise ConfigError(f"--drafter drafts for the speculative modes, not --mode {args.mode}")
     model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, args.dtype, args.width,
-                       args.height)
+                       args.height, offload=args.offload)
     dtype = model.storage.name
     for warning in model.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -185,6 +185,7 @@ def dtype_help() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """``spec-ar``'s parser; the subcommands in :data:`PASSTHROUGH` parse their own options."""
+    from .loaders.offload import HELP as OFFLOAD_HELP
     from .loaders.storage import STORAGES
     from .sampling.config import MODE_HELP
 
@@ -237,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--height", type=int, help="image height in pixels")
     render.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when present)")
     render.add_argument("--dtype", choices=["auto", *STORAGES], default="auto", help=literal(dtype_help()))
+    render.add_argument("--offload", action="store_true", help=literal(OFFLOAD_HELP))
     render.add_argument("--out", default="out/render", help="output folder (default: out/render)")
     _config_args(render)
     render.set_defaults(run=_render)

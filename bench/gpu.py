@@ -111,9 +111,10 @@ def kernels(device, dtypes, shape=(11008, 4096), rows=(2, 66), count=4, repeats=
         if name == "int8" and torch.device(device).type == "cuda":  # the packed weight-only kernel, on CUDA too
             for n in rows:
                 x = torch.randn(n, shape[1], device=device, dtype=compute)
-                ms = statistics.median(clock.time(lambda l=layers[i % count]: torch._weight_int8pack_mm(x, l.weight, l.scale))
-                                       for i in range(repeats * count))
-                out.append({"dtype": "int8 (_weight_int8pack_mm)", "rows": n, "ms": ms, "bytes": stored_bytes(layers[0])})
+                packed = [lambda q=q: torch._weight_int8pack_mm(x, q.weight, q.scale) for q in layers]
+                ms = statistics.median(clock.time(packed[i % count]) for i in range(repeats * count))
+                out.append({"dtype": "int8 (_weight_int8pack_mm)", "rows": n, "ms": ms,
+                            "bytes": stored_bytes(layers[0])})
         del layers
     return out
 
@@ -128,10 +129,10 @@ def llamagen_xl_shapes(scale: float) -> dict:
     shapes = {"tok_embeddings.weight": (16384, dim), "cls_embedding.embedding_table.weight": (1001, dim),
               "norm.weight": (dim,), "output.weight": (16384, dim)}
     for i in range(layers):
-        shapes.update({f"layers.{i}.attention.wqkv.weight": (3 * dim, dim), f"layers.{i}.attention.wo.weight": (dim, dim),
-                       f"layers.{i}.feed_forward.w1.weight": (ffn, dim), f"layers.{i}.feed_forward.w3.weight": (ffn, dim),
-                       f"layers.{i}.feed_forward.w2.weight": (dim, ffn), f"layers.{i}.attention_norm.weight": (dim,),
-                       f"layers.{i}.ffn_norm.weight": (dim,)})
+        shapes.update({f"layers.{i}.{key}": shape for key, shape in (
+            ("attention.wqkv.weight", (3 * dim, dim)), ("attention.wo.weight", (dim, dim)),
+            ("feed_forward.w1.weight", (ffn, dim)), ("feed_forward.w3.weight", (ffn, dim)),
+            ("feed_forward.w2.weight", (dim, ffn)), ("attention_norm.weight", (dim,)), ("ffn_norm.weight", (dim,)))})
     return shapes
 
 
@@ -174,8 +175,10 @@ def redraw(modules: dict, seed: int = 0) -> None:
                 p.fill_(1.0)
 
 
-def load(path, device, dtype: str, seed: int = 0):
-    """The model at ``path`` in bfloat16 with its values drawn on ``device``, then stored as ``dtype``."""
+def load(path, device, dtype: str, seed: int = 0, offloaded: bool = False):
+    """The model at ``path`` in bfloat16 with its values drawn on ``device``, then stored as ``dtype``;
+    ``offloaded``: then its blocks moved to system memory and streamed (as ``--offload`` loads them)."""
+    from ..loaders import offload
     from ..loaders.detect import load_model, with_storage
     from ..loaders.storage import place, resolve
 
@@ -186,6 +189,10 @@ def load(path, device, dtype: str, seed: int = 0):
         for module in model.modules.values():
             place(module, storage, device)
         model = with_storage(model, storage)
+    if offloaded:
+        for module in model.modules.values():
+            if (blocks := offload.repeated_blocks(module)) is not None:
+                offload.stream(module, blocks, device)
     return model
 
 
@@ -215,7 +222,7 @@ def tree_parents(n: int, branching: int = 3) -> torch.Tensor:
 
 
 @torch.no_grad()
-def forwards(model, args, reference: dict | None) -> dict:
+def forwards(model, args, reference: dict | None, count: int | None = None) -> dict:
     """One model's forwards: ms per window and tree, the bytes they read, logits for comparison."""
     ad = model.adapter
     device = ad.device
@@ -251,7 +258,7 @@ def forwards(model, args, reference: dict | None) -> dict:
             ad.forward(tokens)
 
         times = []
-        for i in range(args.forwards + 2):
+        for i in range((count or args.forwards) + 2):
             ms = clock.time(step)
             ad.rollback([w])
             if i >= 2:  # two warm-ups per shape
@@ -261,7 +268,7 @@ def forwards(model, args, reference: dict | None) -> dict:
         tokens, parents = draw(n), tree_parents(n).to(device)
         nodes = torch.zeros(1, 1, dtype=torch.long, device=device)
         times = []
-        for i in range(args.forwards + 2):
+        for i in range((count or args.forwards) + 2):
             ms = clock.time(lambda: ad.forward_tree(tokens, parents))
             ad.keep_tree(nodes, [0])
             if i >= 2:
@@ -278,8 +285,22 @@ def forwards(model, args, reference: dict | None) -> dict:
     return out
 
 
-def floor_ms(run: dict, bytes_per_s: float) -> float:
-    return (run["weight_bytes_per_forward"] + run["live_kv_bytes"]) / bytes_per_s * 1000
+def floor_ms(run: dict, bytes_per_s: float, link_bytes_per_s: float | None = None) -> float:
+    """The bytes a forward reads over the card's bandwidth; an offloaded model's streamed
+    blocks over the host link's instead."""
+    streamed = run.get("streamed_bytes", 0)
+    ms = (run["weight_bytes_per_forward"] - streamed + run["live_kv_bytes"]) / bytes_per_s * 1000
+    return ms + streamed / (link_bytes_per_s or bytes_per_s) * 1000
+
+
+def host_link(device, nbytes: int = 2 ** 30, repeats: int = 5) -> dict:
+    """Bytes per second from pinned system memory to ``device`` (what offload streams over)."""
+    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    clock = Clock(device)
+    dev.copy_(host, non_blocking=True)
+    ms = statistics.median(clock.time(lambda: dev.copy_(host, non_blocking=True)) for _ in range(repeats))
+    return {"bytes": nbytes, "ms": ms, "bytes_per_s": nbytes / (ms / 1000)}
 
 
 @torch.no_grad()
@@ -317,6 +338,9 @@ def report(results: dict) -> str:
     lines = [f"# GPU bench on {results['device_name']} (torch {results['torch']}, {results['dtype_note']})", "",
              f"Bandwidth: {bw['bytes_per_s'] / 1e9:.0f} GB/s (bfloat16 matrix-vector product, {bw['side']} x "
              f"{bw['side']}, {bw['ms']:.3f} ms)", ""]
+    if results.get("host_link"):
+        lines[-1:-1] = ["", f"Host link: {results['host_link']['bytes_per_s'] / 1e9:.1f} GB/s (pinned system memory to "
+                        "the GPU): an offloaded row's floor counts its streamed blocks over it"]
     shapes = [f"w{w}" for w in results["widths"]] + [f"tree{n}" for n in results["trees"]]
     head = " | ".join(s.replace("w", "L=").replace("tree", "tree ") for s in shapes)
     lines += [f"| model | dtype | weights read / forward | live KV | floor ms | {head} | L=1 / floor | "
@@ -329,7 +353,8 @@ def report(results: dict) -> str:
         fl = r["floor_ms"]
         cells = " | ".join(f"{r[s]:.2f}" for s in shapes)
         w1, wl = r[f"w{results['widths'][0]}"], r[f"w{results['widths'][-1]}"]
-        lines.append(f"| {r['model']} | {r['dtype']} | {gb(r['weight_bytes_per_forward'])} | "
+        streamed = f" ({gb(r['streamed_bytes'])} streamed)" if r.get("streamed_bytes") else ""
+        lines.append(f"| {r['model']} | {r['dtype']} | {gb(r['weight_bytes_per_forward'])}{streamed} | "
                      f"{gb(r['live_kv_bytes'])} | {fl:.2f} | {cells} | {w1 / fl:.2f}x | {wl / w1:.2f}x | "
                      f"{gb(r['peak_allocated']) if 'peak_allocated' in r else '-'} | "
                      f"{r.get('top1_agreement', 1.0):.3f} | {r.get('kl_mean', 0.0):.4f} |")
@@ -351,6 +376,8 @@ def report(results: dict) -> str:
 
 
 def main(argv=None) -> int:
+    from ..loaders.offload import HELP as OFFLOAD_HELP
+    from ..loaders.offload import streams_of
     from ..loaders.storage import STORAGES
 
     ap = argparse.ArgumentParser(prog="spec-ar bench gpu", description=__doc__,
@@ -366,6 +393,8 @@ def main(argv=None) -> int:
     ap.add_argument("--images", type=int, default=3, help="timed embedded images per mode")
     ap.add_argument("--scale", type=float, default=1.0, help="the models' widths and depths times this")
     ap.add_argument("--bandwidth-side", type=int, default=None, help="default: 16384 on CUDA, 2048 on CPU")
+    ap.add_argument("--offload", action="store_true", help="also each dtype offloaded (but nf4): " + OFFLOAD_HELP)
+    ap.add_argument("--offload-forwards", type=int, default=3, help="timed forwards per shape when offloaded")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--work", help="where the checkpoints are written (default: a temporary folder)")
     ap.add_argument("--out", default="out/bench-gpu")
@@ -387,21 +416,31 @@ def main(argv=None) -> int:
     results["bandwidth"] = bw = bandwidth(args.device, side)
     log(f"bandwidth: {bw['bytes_per_s'] / 1e9:.0f} GB/s ({side} x {side} bfloat16 matrix-vector, {bw['ms']:.3f} ms)")
     wide = lambda n: max(64, round(n * args.scale / 64) * 64)  # noqa: E731
+    if args.offload and cuda:
+        results["host_link"] = link = host_link(args.device)
+        log(f"host link: {link['bytes_per_s'] / 1e9:.1f} GB/s (pinned system memory to the GPU)")
     results["kernels"] = kernels(args.device, args.dtypes, (wide(11008), wide(4096)))
     for k in results["kernels"]:
-        log(f"layer {k['dtype']:28s} rows {k['rows']:3d}: {k['ms']:.3f} ms (floor {k['bytes'] / bw['bytes_per_s'] * 1000:.3f})")
+        floor = k["bytes"] / bw["bytes_per_s"] * 1000
+        log(f"layer {k['dtype']:28s} rows {k['rows']:3d}: {k['ms']:.3f} ms (floor {floor:.3f})")
     results["forwards"] = []
     with tempfile.TemporaryDirectory(dir=args.work) as work:
         for name in args.models:
             t = time.perf_counter()
             path = write_model(name, pathlib.Path(work) / name, args.scale)
             reference = None
-            for dtype in args.dtypes:
-                row = {"model": name, "dtype": dtype}
+            rows = [(d, False) for d in args.dtypes]
+            rows += [(d, True) for d in args.dtypes if args.offload and d != "nf4"]
+            for dtype, offloaded in rows:
+                row = {"model": name, "dtype": dtype + (" offloaded" if offloaded else "")}
                 try:
-                    model = load(path, args.device, dtype)
-                    row.update(forwards(model, args, reference))
-                    row["floor_ms"] = floor_ms(row, bw["bytes_per_s"])
+                    model = load(path, args.device, dtype, offloaded=offloaded)
+                    if offloaded:
+                        row["streamed_bytes"] = sum(s.host_bytes() for m in model.modules.values()
+                                                    if (s := streams_of(m)) is not None)
+                    row.update(forwards(model, args, reference, args.offload_forwards if offloaded else None))
+                    link = (results.get("host_link") or {}).get("bytes_per_s")
+                    row["floor_ms"] = floor_ms(row, bw["bytes_per_s"], link)
                     del model
                 except Exception as err:  # one model's failure is a row, not the end of the run
                     row["error"] = f"{type(err).__name__}: {err}"[:300]
@@ -413,12 +452,13 @@ def main(argv=None) -> int:
                 if cuda:
                     torch.cuda.empty_cache()
                 if "error" in row:
-                    log(f"{name} {dtype}: {row['error']}")
+                    log(f"{name} {row['dtype']}: {row['error']}")
                     continue
                 keys = [f"w{w}" for w in args.widths] + [f"tree{n}" for n in args.trees]
                 shapes = "  ".join(f"{k}={row[k]:.2f}" for k in keys)
-                log(f"{name} {dtype}: floor {row['floor_ms']:.2f} ms ({row['weight_bytes_per_forward'] / 1e9:.2f} GB "
-                    f"weights + {row['live_kv_bytes'] / 1e9:.2f} GB KV)  {shapes}  "
+                log(f"{name} {row['dtype']}: floor {row['floor_ms']:.2f} ms "
+                    f"({row['weight_bytes_per_forward'] / 1e9:.2f} GB weights + "
+                    f"{row['live_kv_bytes'] / 1e9:.2f} GB KV)  {shapes}  "
                     f"({time.perf_counter() - t:.0f} s)")
             for p in pathlib.Path(work, name).rglob("*"):  # before the next model's files
                 if p.is_file():

@@ -241,7 +241,8 @@ def run(args, log=print) -> dict:
             raise ConfigError(f"{args.model} is class-conditional: --prompts must hold one class id per line "
                               f"(got {bad[0]!r})")
         prompts = [int(p) for p in prompts]
-    model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device=device, dtype=args.dtype)
+    model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device=device, dtype=args.dtype,
+                       offload=args.offload)
     dtype = model.storage.name
     runs = [(m, DecodeConfig(mode=m)) for m in args.modes]
     for spec in args.sweep:
@@ -358,6 +359,7 @@ def main(argv=None) -> int:
                     help="do not add VVS skipping (uniform and similarity) on the best relaxed setting")
     ap.add_argument("--device")
     ap.add_argument("--dtype", default="auto", help="how the weights are stored, as spec-ar render --dtype")
+    ap.add_argument("--offload", action="store_true", help="as spec-ar render --offload")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from ..output_folders import writable_folder

@@ -9,8 +9,9 @@ out="${1:-docs/bench-storage-7b}"
 work="${2:-/tmp/scale}"
 py="${PYTHON:-python}"
 mkdir -p "$out"
-for spec in "janus-pro-7b original" "janus-pro-7b converted" "lumina-mgpt-7b-768 converted" \
-            "anole-7b converted" "emu3-gen converted"; do
+# SPECS="family layout,family layout" runs a subset
+IFS=, read -ra specs <<< "${SPECS:-janus-pro-7b original,janus-pro-7b converted,lumina-mgpt-7b-768 converted,anole-7b converted,emu3-gen converted}"
+for spec in "${specs[@]}"; do
   set -- $spec
   family=$1 layout=$2
   folder="$work/$family-$layout"

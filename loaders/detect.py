@@ -13,6 +13,7 @@ from ..formats.checkpoints import CheckpointError, peek, read_json
 from ..sampling.config import ConfigError
 from . import chameleon, embedded, emu3, janus, llamagen
 from .family import Detected, Family, LoadOptions, NotAModel
+from .offload import ACTIVE as OFFLOAD
 from .storage import STORAGES, check_available, checkpoint_files, choose, full_dtype
 
 #: detection order.  The folder families come first and LlamaGen last: it recognises a
@@ -68,8 +69,11 @@ def _needs() -> str:
 
 
 def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", dtype=torch.float32,
-               width=None, height=None):
-    """Detect the family of ``path`` and load it as a :class:`~.base.LoadedModel`."""
+               width=None, height=None, offload=False):
+    """Detect the family of ``path`` and load it as a :class:`~.base.LoadedModel`.  ``offload``: the
+    transformer's blocks stay in system memory and are streamed to the GPU as they run (``offload.py``)."""
+    if offload:
+        check_offload(device)
     hit = detect(path)
     family = BY_NAME[hit.family]
     if family.square and (width or height):
@@ -77,14 +81,29 @@ def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", 
             raise ValueError(f"width and height must be equal for {hit.family} models (got {width}x{height})")
         resolution = width or height
     files = [f for p in (hit.path, vq, text_encoder) if p for f in checkpoint_files(p)]
-    chosen = choose(files, dtype, device, f"{hit.path.name} ({hit.family})")
+    chosen = choose(files, dtype, device, f"{hit.path.name} ({hit.family})", offload)
+    if offload and chosen.name == "nf4":
+        raise ConfigError("dtype 'nf4' cannot be offloaded: bitsandbytes keeps 4-bit weights on the GPU; with offload "
+                          "use bfloat16, float16, int8 or fp8 (int8 streams half the bytes of bfloat16)")
     if chosen.quantized and hit.family not in QUANTIZABLE:
         raise ConfigError(f"dtype {chosen.name!r}: quantized storage is not available for {hit.family} models yet; "
                           f"use {', '.join(n for n, s in STORAGES.items() if not s.quantized)} "
                           f"(quantized storage: {', '.join(QUANTIZABLE)})")
     check_available(chosen, device)
-    return with_storage(family.load(hit, LoadOptions(vq, text_encoder, resolution, width, height, device,
-                                                     full_dtype(chosen, device), chosen)), chosen)
+    token = OFFLOAD.set(offload)
+    try:
+        loaded = family.load(hit, LoadOptions(vq, text_encoder, resolution, width, height, device,
+                                              full_dtype(chosen, device), chosen))
+    finally:
+        OFFLOAD.reset(token)
+    loaded.info["offload"] = offload
+    return with_storage(loaded, chosen)
+
+
+def check_offload(device) -> None:
+    if torch.device(device).type != "cuda":
+        raise ConfigError(f"offload streams weights from system memory to a GPU; the device here is {device}, which "
+                          "reads them where they are: load without offload")
 
 
 def with_storage(model, storage):

@@ -237,12 +237,22 @@ def drop_pages(t: torch.Tensor, ranges: list[tuple[int, int]]) -> int:
 def place(module: nn.Module, dtype, device) -> nn.Module:
     """``module`` on ``device`` stored as ``dtype`` (a storage, its name or a torch
     dtype): full precision converts it whole;
+    with offload (``offload.ACTIVE``) the transformer's blocks stay in system memory and are
+    streamed to ``device`` as they run (``offload.py``);
     quantized storage replaces each transformer-block linear layer in turn (quantised
     on ``device``), then moves the rest there in the compute dtype (``Module.to``
     casts floating tensors only, so the int8, float8-as-uint8 and 4-bit bytes stay)."""
+    from . import offload
+
     storage = resolve(dtype)
+    blocks = offload.repeated_blocks(module) if offload.ACTIVE.get() else None
     if not storage.quantized:
-        return convert(module, storage.dtype, device)
+        if blocks is None:
+            return convert(module, storage.dtype, device)
+        convert(blocks, storage.dtype, "cpu")  # streamed from system memory (offload.py)
+        convert(module, storage.dtype, device, skip=blocks)
+        offload.stream(module, blocks, device)
+        return module
     check_available(storage, device)
     dtype = compute_dtype(device)
     mapped = checkpoint_ranges()
@@ -250,12 +260,17 @@ def place(module: nn.Module, dtype, device) -> nn.Module:
         parent, _, child = name.rpartition(".")
         owner = module.get_submodule(parent) if parent else module
         linear = getattr(owner, child)
-        setattr(owner, child, quantized_layer(linear, storage, dtype, device))
+        setattr(owner, child, quantized_layer(linear, storage, dtype, "cpu" if blocks is not None else device))
         if linear.weight.dtype == dtype or device_type(device) != "cpu":  # the file's own bytes, read as they are
             drop_pages(linear.weight, mapped)
         del linear
         trim_heap()  # each layer's temporaries, before the next layer's
-    return module.to(device=device, dtype=dtype)
+    if blocks is None:
+        return module.to(device=device, dtype=dtype)
+    convert(blocks, dtype, "cpu")
+    convert(module, dtype, device, skip=blocks)
+    offload.stream(module, blocks, device)
+    return module
 
 
 def trim_heap() -> None:
@@ -270,13 +285,17 @@ def trim_heap() -> None:
 
 
 @torch.no_grad()
-def convert(module: nn.Module, dtype: torch.dtype, device) -> nn.Module:
+def convert(module: nn.Module, dtype: torch.dtype, device, skip: nn.Module | None = None) -> nn.Module:
     """``module.to(device, dtype)`` one tensor at a time, each source's mapped pages given
     back as it is replaced: a bfloat16 file read as float16 (or moved to a GPU) peaks at
-    the new size plus one tensor, not both copies.  Tied tensors stay tied."""
+    the new size plus one tensor, not both copies.  Tied tensors stay tied.  ``skip``: a
+    submodule left where it is."""
     mapped, done = checkpoint_ranges(), {}
     target = torch.device(device)
+    skipped = {id(m) for m in skip.modules()} if skip is not None else set()
     for m in module.modules():
+        if id(m) in skipped:
+            continue
         for table in (m._parameters, m._buffers):
             for key, t in list(table.items()):
                 if t is None:
@@ -373,15 +392,20 @@ def file_weight_bytes(files, dtype, device="cpu") -> int:
     return int(total)
 
 
-def choose(files, dtype, device, what: str) -> Storage:
+def choose(files, dtype, device, what: str, offload: bool = False) -> Storage:
     """The storage to load ``files`` with: ``dtype`` if its weights fit ``device``'s free
     memory, else one error naming the options that do; ``auto``: bfloat16 on GPUs
     (float16 without bfloat16), on CPUs float32 while it takes at most half the free
-    memory, else bfloat16 (quantized storage is never picked for the user: it is lossy)."""
+    memory, else bfloat16 (quantized storage is never picked for the user: it is lossy).
+    ``offload``: the weights are held in system memory, so they are sized against it."""
     from ..sampling.memory import HEADROOM, free_bytes, gb
 
-    free = free_bytes(device)
     dev = torch.device(device)
+    if offload:
+        if dtype in (None, "auto"):
+            dtype = compute_dtype(device)
+        device = "cpu"
+    free = free_bytes(device)
     if dtype in (None, "auto"):
         wanted = compute_dtype(device) if dev.type == "cuda" else torch.float32
         if dev.type == "cpu" and free is not None and file_weight_bytes(files, torch.float32) > free / 2:
@@ -397,5 +421,6 @@ def choose(files, dtype, device, what: str) -> Storage:
             if n <= HEADROOM * free and name != storage.name]
     advice = (f"{' or '.join(fits)} fit{'s' if len(fits) == 1 else ''}" if fits else
               "no storage fits: free memory (close other programs or models) or use a smaller model")
-    raise ConfigError(f"{what} in {storage.name} needs about {gb(need)} of weights, {dev.type} has {gb(free)} "
+    where = "system memory (offload)" if offload else dev.type
+    raise ConfigError(f"{what} in {storage.name} needs about {gb(need)} of weights, {where} has {gb(free)} "
                       f"free: {advice}")

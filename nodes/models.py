@@ -113,13 +113,23 @@ def dtype_tooltip() -> str:
             + f" auto: {AUTO_HELP}. A model that does not fit is refused naming the options that do.")
 
 
+def offload_tooltip() -> str:
+    from ..loaders.offload import HELP
+
+    return HELP[0].upper() + HELP[1:] + ". ComfyUI manages the rest of the model (embeddings, head, image models)."
+
+
 def _patcher(loaded, device):
     import torch
 
     import comfy.model_management as mm
     import comfy.model_patcher
 
-    modules = torch.nn.ModuleDict(loaded.modules)
+    from ..loaders.offload import resident_parts, streams_of
+
+    # an offloaded model's blocks are streamed from system memory by the pack; ComfyUI manages the rest
+    modules = torch.nn.ModuleDict({name: torch.nn.ModuleList(resident_parts(m, s.layers)) if (s := streams_of(m)) else m
+                                   for name, m in loaded.modules.items()})
     return comfy.model_patcher.ModelPatcher(modules, load_device=device, offload_device=mm.unet_offload_device())
 
 
@@ -145,12 +155,13 @@ class LoadARImageModel(io.ComfyNode):
                 io.Combo.Input("device", options=DEVICES, default="auto",
                                tooltip="auto: ComfyUI's device (the GPU when present); cpu forces the CPU."),
                 io.Combo.Input("dtype", options=dtypes(), default="auto", tooltip=dtype_tooltip()),
+                io.Boolean.Input("offload", default=False, optional=True, tooltip=offload_tooltip()),
             ],
             outputs=[ARModel.Output(display_name="model", tooltip="The loaded model, for the sampler.")],
         )
 
     @classmethod
-    def validate_inputs(cls, model=None, device=None, dtype=None, vq=None, text_encoder=None):
+    def validate_inputs(cls, model=None, device=None, dtype=None, vq=None, text_encoder=None, offload=None):
         for name, value, special in (("model", model, common.EMBEDDED), ("vq", vq, AUTO_VQ),
                                      ("text_encoder", text_encoder, NO_TEXT_ENCODER)):
             if value not in (None, special):
@@ -161,7 +172,7 @@ class LoadARImageModel(io.ComfyNode):
         return common.check_choices(device=(device, DEVICES), dtype=(dtype, dtypes()))
 
     @classmethod
-    def execute(cls, model, device, dtype, vq=AUTO_VQ, text_encoder=NO_TEXT_ENCODER):
+    def execute(cls, model, device, dtype, vq=AUTO_VQ, text_encoder=NO_TEXT_ENCODER, offload=False):
         from ..loaders.detect import load_model
 
         dev = _device(device)
@@ -170,7 +181,7 @@ class LoadARImageModel(io.ComfyNode):
         t5 = None if text_encoder in (None, NO_TEXT_ENCODER) else str(common.resolve_model(text_encoder, folders()))
 
         def load():
-            loaded = load_model(path, vq_path, t5, None, dev, dtype)
+            loaded = load_model(path, vq_path, t5, None, dev, dtype, offload=bool(offload))
             return loaded, _patcher(loaded, dev)
 
         return io.NodeOutput(ARModelHandle(*load(), path, reload=load))

@@ -15,7 +15,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-gpu")
     argv = ["--device", "cpu", "--scale", "0.03", "--models", "llamagen-xl", "janus-pro-7b", "--dtypes", "bfloat16",
             "int8", "--widths", "1", "3", "--trees", "5", "--forwards", "1", "--modes", "ar", "sjd", "--images", "1",
-            "--out", str(out)]
+            "--offload", "--out", str(out)]
     assert gpu.main(argv) == 0
     return json.loads((out / "results.json").read_text()), (out / "report.md").read_text()
 
@@ -23,17 +23,22 @@ def run(tmp_path_factory):
 def test_every_model_and_dtype_is_timed_at_every_shape_beside_its_floor(run):
     results, _ = run
     rows = results["forwards"]
-    assert [(r["model"], r["dtype"]) for r in rows] == [("llamagen-xl", "bfloat16"), ("llamagen-xl", "int8"),
-                                                        ("janus-pro-7b", "bfloat16"), ("janus-pro-7b", "int8")]
+    dtypes = ["bfloat16", "int8", "bfloat16 offloaded", "int8 offloaded"]
+    assert [(r["model"], r["dtype"]) for r in rows] == [(m, d) for m in ("llamagen-xl", "janus-pro-7b") for d in dtypes]
     for r in rows:
         assert "error" not in r, r
         assert all(r[k] > 0 for k in ("w1", "w3", "tree5", "floor_ms", "live_kv_bytes", "weight_bytes_per_forward"))
         assert r["floor_ms"] == pytest.approx((r["weight_bytes_per_forward"] + r["live_kv_bytes"])
                                               / results["bandwidth"]["bytes_per_s"] * 1000)
         assert r["context_tokens"] == r["image_tokens"] // 2
-    bf16, int8 = rows[2], rows[3]
+    bf16, int8, bf16_offloaded, int8_offloaded = rows[4:]
     assert int8["weight_bytes_per_forward"] < bf16["weight_bytes_per_forward"]  # the quantized blocks read less
     assert int8["top1_agreement"] > 0 and int8["kl_mean"] >= 0
+    # offloaded: the same model, its blocks streamed (their bytes counted), the very logits of the resident one
+    assert bf16_offloaded["weight_bytes_per_forward"] == bf16["weight_bytes_per_forward"]
+    assert 0 < bf16_offloaded["streamed_bytes"] < bf16["weight_bytes_per_forward"]
+    assert int8_offloaded["streamed_bytes"] < bf16_offloaded["streamed_bytes"]
+    assert bf16_offloaded["top1_agreement"] == 1.0 and bf16_offloaded["kl_mean"] == 0.0
 
 
 def test_the_report_prints_bandwidth_forwards_layers_and_the_embedded_modes(run):

@@ -403,3 +403,15 @@ def test_a_model_too_big_for_memory_is_refused_naming_what_fits_and_the_server_k
             err["exception_message"], err["exception_message"]
     good = server.run(_api("embedded_t2i_ar"))
     assert good["status"]["status_str"] == "success"
+
+
+def test_offload_on_the_cpu_is_refused_by_name_and_the_tooltip_says_what_offload_does(server):
+    from spec_ar.loaders.offload import HELP
+
+    workflow = _with("embedded_t2i_ar", "SpecAR_LoadModel", offload=True, device="cpu")
+    err = error_of(server.run(workflow))
+    assert err and err["node_type"] == "SpecAR_LoadModel", err
+    assert err["exception_message"].startswith("offload streams weights from system memory to a GPU"), err
+    info = server.get("/object_info/SpecAR_LoadModel")["SpecAR_LoadModel"]["input"]["optional"]["offload"]
+    assert info[0] == "BOOLEAN" and HELP[1:] in info[1]["tooltip"]
+    assert server.run(_api("embedded_t2i_ar"))["status"]["status_str"] == "success"
