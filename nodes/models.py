@@ -58,13 +58,22 @@ class ARModelHandle:
             self._loaded, self.patcher = self.reload()
         return self._loaded
 
-    def ready(self):
-        """Ask ComfyUI's memory manager to put the weights on the device."""
+    def ready(self, memory_required: int = 0):
+        """Ask ComfyUI's memory manager to put the weights on the device, keeping
+        ``memory_required`` bytes free for the run (KV cache, decoding state, decoder).
+        A full-precision model may be loaded partially (ComfyUI's lowvram: the layers
+        that do not fit stay in system memory and are cast in as they run, see
+        :func:`castable`); quantized and offloaded models are loaded whole (their
+        int8 / float8 bytes are buffers ComfyUI does not stream; offload streams
+        its blocks itself)."""
         loaded = self.loaded
         if self.patcher is not None:
             import comfy.model_management as mm
 
-            mm.load_models_gpu([self.patcher], force_full_load=True)
+            whole = (loaded.storage is not None and loaded.storage.quantized) or loaded.info.get("offload")
+            mm.load_models_gpu([self.patcher], memory_required=memory_required, force_full_load=bool(whole))
+            if not whole:
+                buffers_to(self.patcher.model, self.patcher.load_device)
         return loaded
 
     def release(self):
@@ -119,6 +128,37 @@ def offload_tooltip() -> str:
     return HELP[0].upper() + HELP[1:] + ". ComfyUI manages the rest of the model (embeddings, head, image models)."
 
 
+#: torch layers that ComfyUI has castable ops for (same parameters; a forward that casts the weights in
+#: when its partial loading left them in system memory)
+CASTABLE = ("Linear", "Conv2d", "Embedding", "LayerNorm", "GroupNorm")
+
+
+def castable(module):
+    """``module``'s plain torch layers turned into ComfyUI's castable ops in place (their
+    class only: the weights stay), so its memory manager can load the model partially."""
+    import torch
+
+    import comfy.ops
+
+    ops = comfy.ops.disable_weight_init
+    swap = {getattr(torch.nn, name): getattr(ops, name) for name in CASTABLE if hasattr(ops, name)}
+    for m in module.modules():
+        if type(m) in swap:
+            m.__class__ = swap[type(m)]
+            if not hasattr(m, "bias"):  # ComfyUI's Embedding has one (None), set by its constructor
+                m.bias = None
+    return module
+
+
+def buffers_to(module, device):
+    """Buffers (rotary tables, codebook statistics) on ``device``: ComfyUI's partial load moves only
+    the layers it lists, those holding parameters."""
+    for m in module.modules():
+        for key, b in m._buffers.items():
+            if b is not None and b.device != device:
+                m._buffers[key] = b.to(device)
+
+
 def _patcher(loaded, device):
     import torch
 
@@ -130,6 +170,8 @@ def _patcher(loaded, device):
     # an offloaded model's blocks are streamed from system memory by the pack; ComfyUI manages the rest
     modules = torch.nn.ModuleDict({name: torch.nn.ModuleList(resident_parts(m, s.layers)) if (s := streams_of(m)) else m
                                    for name, m in loaded.modules.items()})
+    if not loaded.info.get("offload") and not (loaded.storage is not None and loaded.storage.quantized):
+        castable(modules)
     return comfy.model_patcher.ModelPatcher(modules, load_device=device, offload_device=mm.unet_offload_device())
 
 

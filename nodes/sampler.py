@@ -160,7 +160,8 @@ class SpeculativeARSampler(io.ComfyNode):
         if decode is not None:
             check_fits({"VQ decoder": decode_bytes}, 1, loaded.device, what="decode")
 
-        model.ready()
+        per_image = sum(decoder.memory_per_image(conditions, negatives).values())
+        model.ready(memory_required=per_image * batch_size + decode_bytes)  # room ComfyUI leaves for the run
         bar = comfy.utils.ProgressBar(layout.length)
         throttle = common.PreviewThrottle()
 

@@ -415,3 +415,57 @@ def test_offload_on_the_cpu_is_refused_by_name_and_the_tooltip_says_what_offload
     info = server.get("/object_info/SpecAR_LoadModel")["SpecAR_LoadModel"]["input"]["optional"]["offload"]
     assert info[0] == "BOOLEAN" and HELP[1:] in info[1]["tooltip"]
     assert server.run(_api("embedded_t2i_ar"))["status"]["status_str"] == "success"
+
+
+PARTIAL_LOAD = r"""
+import json, sys, importlib.util, pathlib
+import torch
+sys.path.insert(0, sys.argv[1])  # ComfyUI, told it has no GPU as the server is
+folder, pack = sys.argv[1:3]
+sys.argv = [sys.argv[0], "--cpu"]
+import comfy.options
+comfy.options.enable_args_parsing()
+import comfy.model_management as mm
+import comfy.ops
+pack = pathlib.Path(pack)
+spec = importlib.util.spec_from_file_location("spec_ar", pack / "__init__.py", submodule_search_locations=[str(pack)])
+sys.modules["spec_ar"] = module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+from spec_ar.loaders.detect import load_model
+from spec_ar.nodes.models import _patcher, buffers_to
+from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
+
+def tokens(model):
+    return SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd")).generate(["a red circle"], seeds=5).tokens
+
+model = load_model("embedded", device="cpu", dtype="float32")
+before = tokens(model)
+patcher = _patcher(model, torch.device("cpu"))
+casts = []
+real = comfy.ops.cast_bias_weight
+comfy.ops.cast_bias_weight = lambda s, *a, **k: casts.append(type(s).__name__) or real(s, *a, **k)
+patcher.load(torch.device("cpu"), lowvram_model_memory=2 * 2**20)  # what ComfyUI does when the card is short
+buffers_to(patcher.model, torch.device("cpu"))
+after = tokens(model)
+print(json.dumps({"lowvram": bool(patcher.model.model_lowvram), "casts": sorted(set(casts)), "calls": len(casts),
+                  "same": bool(torch.equal(before, after)),
+                  "weights": sum(p.numel() * p.element_size() for p in patcher.model.parameters())}))
+"""
+
+
+def test_comfyui_can_load_a_full_precision_model_partially_and_it_samples_the_same_tokens(tmp_path):
+    """ComfyUI's own partial loading (lowvram) of the pack's model, in ComfyUI's environment: with 2 MB of
+    the model's weights allowed on the device, the rest is cast in layer by layer through ComfyUI's ops,
+    and the sampler makes the very tokens of the resident model."""
+    import subprocess
+
+    folder, python = locate()
+    script = tmp_path / "partial.py"
+    script.write_text(PARTIAL_LOAD)
+    done = subprocess.run([str(python), str(script), str(folder), str(pathlib.Path(__file__).parents[1])],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["lowvram"] and out["same"], out
+    assert "Linear" in out["casts"] and out["calls"] > 1000, out  # the layers left out were cast in, every forward
+    assert out["weights"] > 4 * 2 * 2**20
