@@ -50,7 +50,7 @@ from collections.abc import Mapping
 import torch
 
 from ..formats.checkpoints import CheckpointError, empty_model, load_file, read_weights, state_dict
-from .storage import full_dtype, place
+from .storage import checkpoint_ranges, drop_pages, full_dtype, place
 
 log = logging.getLogger(__name__)
 
@@ -331,8 +331,12 @@ def remap_meta_keys(state_dict, config, source="consolidated.pth", params_source
     def replicated(key):
         return shards[0].pop(key) if n == 1 else torch.stack([s.pop(key) for s in shards]).mean(0)
 
+    mapped = checkpoint_ranges()
+
     def half_split(w, n_heads):  # per head, interleaved row 2p + i -> row i * hd/2 + p
-        return w.reshape(n_heads, hd // 2, 2, -1).transpose(1, 2).reshape(w.shape)
+        out = w.reshape(n_heads, hd // 2, 2, -1).transpose(1, 2).reshape(w.shape)  # a copy
+        drop_pages(w, mapped)  # a memory-mapped source's pages, read once for the copy, are not kept
+        return out
 
     def head_norm(key, n_heads):  # each shard's [hd] vector, reordered likewise, for each of its heads
         per_shard = torch.stack([s.pop(key) for s in shards]).reshape(n, hd // 2, 2).transpose(1, 2).reshape(n, hd)
@@ -407,8 +411,8 @@ def _fill_vqmodel(model, config, vqgan) -> None:
 
 def load_model(folder, device="cpu", dtype=torch.float32):
     """``(ChameleonForConditionalGeneration, tokenizer)`` from Meta's layout.  Every ``.pth`` is read
-    weights-only, in ``dtype`` one tensor at a time, and the conversion frees each source tensor as it
-    goes; the model is built with its parameters on the meta device and given the converted tensors
+    weights-only, memory-mapped where it can be (one file, already in ``dtype``), else in ``dtype`` one
+    tensor at a time, the conversion freeing each source tensor as it goes; the model is built with its parameters on the meta device and given the converted tensors
     themselves (its buffers, the rotary tables, computed by its own code): no float32 stage and no
     second copy of the weights."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
@@ -423,8 +427,9 @@ def load_model(folder, device="cpu", dtype=torch.float32):
     config = ChameleonConfig(**kwargs)
     paths = files["shards"]
     source = str(paths[0]) if len(paths) == 1 else f"{files['model_dir']}/consolidated.*.pth ({len(paths)} shards)"
-    # read whole, not memory-mapped: the q/k reordering copies each, and its source must be freeable
-    shards = [read_weights([p], full_dtype(dtype, device), lazy=False) for p in paths]
+    # one file: memory-mapped where no conversion is needed (the q/k reordering copies only those two and gives
+    # back their file pages); several: read whole, as the Megatron shards are joined into new tensors anyway
+    shards = [read_weights([p], full_dtype(dtype, device), lazy=len(paths) == 1) for p in paths]
     weights = remap_meta_keys(shards, config, source, str(files["params"]))
     del shards
     model = empty_model(ChameleonForConditionalGeneration, config)

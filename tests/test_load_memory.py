@@ -140,9 +140,6 @@ def test_quantized_storage_takes_its_own_size_while_loading(written, dtype):
     """Each transformer layer is quantized as it is read and its file pages given back: the
     peak is the quantized model's size, not the bfloat16 file's."""
     layout, loader, folder = written
-    if layout == "meta-layout":
-        pytest.skip("Meta's consolidated.pth is read whole before its q/k rows are reordered: quantizing it "
-                    "peaks at the bfloat16 size (docs/benchmarks.md, Weight storage)")
     done = subprocess.run([sys.executable, "-c", MEASURE, loader, str(folder), dtype], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
