@@ -110,14 +110,30 @@ def check_available(storage: Storage, device) -> None:
                           f"(pip install {storage.requires}); without it: {fine}") from None
 
 
+ROWS_AT_A_TIME = 1024  # quantizing works in float32: 1024 rows of a 7B layer are 16-56 MB of temporaries
+
+
+def rowwise(w: torch.Tensor, qmax: float, stored: torch.dtype, quantize) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` with a scale per row (its largest magnitude over ``qmax``): ``(quantize(rows / scale), scale)``,
+    a block of rows at a time so the float32 temporaries stay small whatever the layer's size."""
+    out = torch.empty(w.shape, dtype=stored, device=w.device)
+    scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
+    for i in range(0, w.shape[0], ROWS_AT_A_TIME):
+        rows = w[i:i + ROWS_AT_A_TIME].float()
+        s = rows.abs().amax(1).clamp_min(1e-12) / qmax
+        out[i:i + ROWS_AT_A_TIME] = quantize(rows.div_(s[:, None]))
+        scale[i:i + ROWS_AT_A_TIME] = s
+    return out, scale
+
+
 class Int8Linear(nn.Module):
     """``nn.Linear`` with int8 weights and a scale per output row."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
-        w = linear.weight.detach()
-        scale = w.float().abs().amax(1).clamp_min(1e-12) / 127
-        self.register_buffer("weight", (w.float() / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8))
+        weight, scale = rowwise(linear.weight.detach(), 127, torch.int8,
+                                lambda rows: rows.round_().clamp_(-127, 127).to(torch.int8))
+        self.register_buffer("weight", weight)
         self.register_buffer("scale", scale.to(dtype))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -138,9 +154,9 @@ class Fp8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype):
         super().__init__()
-        w = linear.weight.detach()
-        scale = w.float().abs().amax(1).clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max
-        self.register_buffer("weight", (w.float() / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8))
+        weight, scale = rowwise(linear.weight.detach(), torch.finfo(torch.float8_e4m3fn).max, torch.uint8,
+                                lambda rows: rows.to(torch.float8_e4m3fn).view(torch.uint8))
+        self.register_buffer("weight", weight)
         self.register_buffer("scale", scale.to(dtype))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
         self.in_features, self.out_features = linear.in_features, linear.out_features
