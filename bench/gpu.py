@@ -182,7 +182,7 @@ def load(path, device, dtype: str, seed: int = 0, offloaded: bool = False):
     ``offloaded``: then its blocks moved to system memory and streamed (as ``--offload`` loads them)."""
     from ..loaders import offload
     from ..loaders.detect import load_model, with_storage
-    from ..loaders.storage import place, resolve
+    from ..loaders.storage import place, repeated_blocks, resolve
 
     model = load_model(path, device=device, dtype="bfloat16")
     redraw(model.modules, seed)
@@ -193,7 +193,7 @@ def load(path, device, dtype: str, seed: int = 0, offloaded: bool = False):
         model = with_storage(model, storage)
     if offloaded:
         for module in model.modules.values():
-            if (blocks := offload.repeated_blocks(module)) is not None:
+            if (blocks := repeated_blocks(module)) is not None:
                 offload.stream(module, blocks, device)
     return model
 

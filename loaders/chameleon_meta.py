@@ -412,9 +412,9 @@ def _fill_vqmodel(model, config, vqgan) -> None:
 def load_model(folder, device="cpu", dtype=torch.float32):
     """``(ChameleonForConditionalGeneration, tokenizer)`` from Meta's layout.  Every ``.pth`` is read
     weights-only, memory-mapped where it can be (one file, already in ``dtype``), else in ``dtype`` one
-    tensor at a time, the conversion freeing each source tensor as it goes; the model is built with its parameters on the meta device and given the converted tensors
-    themselves (its buffers, the rotary tables, computed by its own code): no float32 stage and no
-    second copy of the weights."""
+    tensor at a time, the conversion freeing each source tensor as it goes; the model is built with its
+    parameters on the meta device and given the converted tensors themselves (its buffers, the rotary
+    tables, computed by its own code): no float32 stage and no second copy of the weights."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
     from ..decoders.vqgan import VQGANSpec

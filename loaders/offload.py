@@ -25,21 +25,6 @@ HELP = ("keep the transformer's blocks in system memory and stream each to the G
 ACTIVE = contextvars.ContextVar("offload", default=False)
 
 
-def repeated_blocks(module: nn.Module) -> nn.ModuleList | None:
-    """The transformer's blocks: the ``layers`` list outside any image model (the layers
-    whose linears quantized storage replaces, ``storage.BLOCK_LINEAR``), the largest if
-    there are several."""
-    from .storage import NEVER
-
-    best, size = None, 0
-    for name, m in module.named_modules():
-        if isinstance(m, nn.ModuleList) and name.rpartition(".")[2] == "layers" and not NEVER.search(name):
-            n = sum(t.numel() for t in m.parameters())
-            if n > size:
-                best, size = m, n
-    return best
-
-
 def _slots(block: nn.Module):
     """``(owner, table, key, name)`` of every parameter and buffer tensor of ``block`` (``name``:
     its qualified name in the block)."""

@@ -205,6 +205,19 @@ def quantizes(name: str, shape, storage: Storage) -> bool:
             and bool(BLOCK_LINEAR.search(name)) and not NEVER.search(name))
 
 
+def repeated_blocks(module: nn.Module) -> nn.ModuleList | None:
+    """The transformer's blocks, which offload streams: the ``layers`` list outside any image
+    model (the layers whose linears quantized storage replaces, :data:`BLOCK_LINEAR`), the
+    largest if there are several."""
+    best, size = None, 0
+    for name, m in module.named_modules():
+        if isinstance(m, nn.ModuleList) and name.rpartition(".")[2] == "layers" and not NEVER.search(name):
+            n = sum(t.numel() for t in m.parameters())
+            if n > size:
+                best, size = m, n
+    return best
+
+
 def block_linears(module: nn.Module, storage: Storage) -> list[str]:
     """Qualified names of the linear layers ``storage`` quantizes in ``module``."""
     return [name for name, m in module.named_modules()
@@ -261,7 +274,7 @@ def place(module: nn.Module, dtype, device) -> nn.Module:
     from . import offload
 
     storage = resolve(dtype)
-    blocks = offload.repeated_blocks(module) if offload.ACTIVE.get() else None
+    blocks = repeated_blocks(module) if offload.ACTIVE.get() else None
     if not storage.quantized:
         if blocks is None:
             return convert(module, storage.dtype, device)
