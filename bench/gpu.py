@@ -223,9 +223,16 @@ def tree_parents(n: int, branching: int = 3) -> torch.Tensor:
     return torch.tensor([-1 if i < branching else i // branching - 1 for i in range(n)]).unsqueeze(0)
 
 
-@torch.no_grad()
 def forwards(model, args, reference: dict | None, count: int | None = None) -> dict:
-    """One model's forwards: ms per window and tree, the bytes they read, logits for comparison."""
+    """One model's forwards: ms per window and tree, the bytes they read, logits for comparison;
+    with the attention backends the engine decodes with."""
+    from ..sampling.engine import attention_without_cudnn
+
+    with torch.no_grad(), attention_without_cudnn(model.adapter.device):
+        return _forwards(model, args, reference, count)
+
+
+def _forwards(model, args, reference: dict | None, count: int | None = None) -> dict:
     ad = model.adapter
     device = ad.device
     clock = Clock(device)
