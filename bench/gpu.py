@@ -125,17 +125,10 @@ def kernels(device, dtypes, shape=(11008, 4096), rows=(2, 66), count=4, repeats=
 def llamagen_xl_shapes(scale: float) -> dict:
     """LlamaGen-XL c2i's tensors (width 1280, 36 layers, FFN 3584, 16384 codes, 1000 classes), widths and depth
     times ``scale``."""
+    from .scale_checkpoints import llamagen_shapes
+
     dim = max(64, round(1280 * scale / 64) * 64)
-    layers = max(1, round(36 * scale))
-    ffn = 256 * math.ceil(int(2 * 4 * dim / 3) / 256)
-    shapes = {"tok_embeddings.weight": (16384, dim), "cls_embedding.embedding_table.weight": (1001, dim),
-              "norm.weight": (dim,), "output.weight": (16384, dim)}
-    for i in range(layers):
-        shapes.update({f"layers.{i}.{key}": shape for key, shape in (
-            ("attention.wqkv.weight", (3 * dim, dim)), ("attention.wo.weight", (dim, dim)),
-            ("feed_forward.w1.weight", (ffn, dim)), ("feed_forward.w3.weight", (ffn, dim)),
-            ("feed_forward.w2.weight", (dim, ffn)), ("attention_norm.weight", (dim,)), ("ffn_norm.weight", (dim,)))})
-    return shapes
+    return llamagen_shapes(dim, max(1, round(36 * scale)), 256 * math.ceil(int(2 * 4 * dim / 3) / 256))
 
 
 def write_model(name: str, folder: pathlib.Path, scale: float) -> pathlib.Path:
@@ -148,16 +141,7 @@ def write_model(name: str, folder: pathlib.Path, scale: float) -> pathlib.Path:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"c2i_XL_{resolution}.safetensors"
-    header, offset = {}, 0
-    for key, shape in llamagen_xl_shapes(scale).items():
-        n = 2 * math.prod(shape)
-        header[key] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little") + raw)
-        f.truncate(8 + len(raw) + offset)
+    scale_checkpoints.write_holes(path, llamagen_xl_shapes(scale))
     return path
 
 

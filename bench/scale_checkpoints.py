@@ -349,6 +349,36 @@ class _BackgroundWriter:
             raise self.error
 
 
+def write_holes(path: pathlib.Path, shapes: dict[str, tuple[int, ...]], dtype: str = "BF16") -> int:
+    """A safetensors file declaring ``shapes`` whose data is a sparse hole (every value zero): a model of
+    any size on disk in no space, for what reads headers (detection, sizing) or redraws the values after
+    loading.  Returns the bytes it declares."""
+    itemsize = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        n = itemsize * math.prod(shape)
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    return offset
+
+
+def llamagen_shapes(dim: int, layers: int, ffn: int, vocab: int = 16384, classes: int = 1000) -> dict:
+    """Tensor shapes of a LlamaGen c2i GPT of the given size (its checkpoint names)."""
+    shapes = {"tok_embeddings.weight": (vocab, dim), "cls_embedding.embedding_table.weight": (classes + 1, dim),
+              "norm.weight": (dim,), "output.weight": (vocab, dim)}
+    for i in range(layers):
+        shapes.update({f"layers.{i}.{key}": shape for key, shape in (
+            ("attention.wqkv.weight", (3 * dim, dim)), ("attention.wo.weight", (dim, dim)),
+            ("feed_forward.w1.weight", (ffn, dim)), ("feed_forward.w3.weight", (ffn, dim)),
+            ("feed_forward.w2.weight", (dim, ffn)), ("attention_norm.weight", (dim,)), ("ffn_norm.weight", (dim,)))})
+    return shapes
+
+
 #: set by ``write(..., holes=True)``: safetensors weights written as headers over sparse holes (all zeros)
 _HOLES = contextvars.ContextVar("holes", default=False)
 
@@ -745,7 +775,13 @@ def vqgan_yaml(spec) -> str:
       attn_resolutions: {attn}
       dropout: {spec.dropout}
     lossconfig:
-      target: taming.modules.losses.vqperceptual.DummyLoss
+      target: taming.modules.losses.vqperceptual.VQLPIPSWithDiscriminator
+      params:
+        disc_conditional: false
+        disc_in_channels: 3
+        disc_start: 100000000
+        disc_weight: 0.2
+        codebook_weight: 1.0
 """
 
 
@@ -851,7 +887,7 @@ def write_config(folder: pathlib.Path, config, dtype: torch.dtype, stats: Stats,
 
 
 # -- name mappings for the original layouts ----------------------------------------------------------------------
-_JANUS_TO_ORIGINAL = [  # transformers' names -> deepseek-ai's: the inverse of loaders/janus.py's _KEY_RULES
+JANUS_TO_ORIGINAL = [  # transformers' names -> deepseek-ai's: the inverse of loaders/janus.py's _KEY_RULES
     (r"^model\.vision_model\.encoder\.layers\.(\d+)\.self_attn\.projection_layer",
      r"vision_model.vision_tower.blocks.\1.attn.proj"),
     (r"^model\.vision_model\.encoder\.layers\.(\d+)\.layer_norm(\d)", r"vision_model.vision_tower.blocks.\1.norm\2"),
@@ -899,7 +935,7 @@ def janus_original_specs(converted: list[TensorSpec], vision_width: int) -> list
             out.append(TensorSpec("vision_model.vision_tower.pos_embed", (1, *s.shape), s.init, sources=(s.name,)))
             continue
         name = s.name
-        for pattern, repl in _JANUS_TO_ORIGINAL:
+        for pattern, repl in JANUS_TO_ORIGINAL:
             name = re.sub(pattern, repl, name)
         out.append(TensorSpec(name, s.shape, s.init, sources=(s.name,)))
     w = vision_width

@@ -9,6 +9,8 @@ import torch
 
 from spec_ar.decoders.vq16 import VQModel, VQSpec
 from spec_ar.loaders.llamagen import GPTSpec, LlamaGenGPT
+from spec_ar.bench.scale_checkpoints import JANUS_TO_ORIGINAL, llamagen_shapes  # noqa: F401 (re-exported)
+from spec_ar.bench.scale_checkpoints import write_holes as write_sparse_safetensors  # noqa: F401
 
 TINY_VQ = VQSpec(ch=32, ch_mult=(1, 1, 2, 2, 4), enc_blocks=2, dec_blocks=3, z_channels=32,
                  codebook_size=1024, embed_dim=8)
@@ -153,30 +155,7 @@ def write_janus(folder: pathlib.Path, model, tok) -> pathlib.Path:
     return folder
 
 
-_TO_ORIGINAL = [  # transformers names -> deepseek-ai's, the inverse of loaders/janus.py
-    (r"^model\.vision_model\.encoder\.layers\.(\d+)\.self_attn\.projection_layer", r"vision_model.vision_tower.blocks.\1.attn.proj"),
-    (r"^model\.vision_model\.encoder\.layers\.(\d+)\.layer_norm(\d)", r"vision_model.vision_tower.blocks.\1.norm\2"),
-    (r"^model\.vision_model\.encoder\.layers\.(\d+)\.", r"vision_model.vision_tower.blocks.\1."),
-    (r"^model\.vision_model\.embeddings\.patch_embedding", "vision_model.vision_tower.patch_embed.proj"),
-    (r"^model\.vision_model\.post_layernorm", "vision_model.vision_tower.norm"),
-    (r"^model\.vqmodel\.decoder\.up\.(\d+)\.block", r"gen_vision_model.decoder.conv_blocks.\1.res"),
-    (r"^model\.vqmodel\.encoder\.down\.(\d+)\.block", r"gen_vision_model.encoder.conv_blocks.\1.res"),
-    (r"^model\.vqmodel\.decoder\.up", "gen_vision_model.decoder.conv_blocks"),
-    (r"^model\.vqmodel\.encoder\.down", "gen_vision_model.encoder.conv_blocks"),
-    (r"^model\.vqmodel\.(\w+)\.mid\.block_1", r"gen_vision_model.\1.mid.0"),
-    (r"^model\.vqmodel\.(\w+)\.mid\.attn_1", r"gen_vision_model.\1.mid.1"),
-    (r"^model\.vqmodel\.(\w+)\.mid\.block_2", r"gen_vision_model.\1.mid.2"),
-    (r"^model\.vqmodel", "gen_vision_model"),
-    (r"^model\.generation_aligner\.fc1", "gen_aligner.layers.0"),
-    (r"^model\.generation_aligner\.hidden_layers\.0", "gen_aligner.layers.2"),
-    (r"^model\.aligner\.fc1", "aligner.layers.0"),
-    (r"^model\.aligner\.hidden_layers\.0", "aligner.layers.2"),
-    (r"^model\.generation_head\.proj_out", "gen_head.output_mlp_projector"),
-    (r"^model\.generation_head\.", "gen_head."),
-    (r"^model\.generation_embeddings", "gen_embed"),
-    (r"^model\.language_model\.", "language_model.model."),
-    (r"^lm_head\.weight", "language_model.lm_head.weight"),
-]
+_TO_ORIGINAL = JANUS_TO_ORIGINAL  # transformers names -> deepseek-ai's (the scale writer's map)
 
 
 def write_original_janus(folder: pathlib.Path, model, tok) -> pathlib.Path:
@@ -325,36 +304,3 @@ def write_lantern_anole_head(folder: pathlib.Path, hidden=32, heads=4, kv_heads=
     return folder
 
 
-def write_sparse_safetensors(path: pathlib.Path, shapes: dict[str, tuple[int, ...]], dtype: str = "BF16") -> int:
-    """A safetensors file declaring ``shapes`` whose data is a sparse hole: a model of
-    any size on disk in no space, for what reads headers only (detection, sizing).
-    Returns the bytes it declares."""
-    import json
-    import struct
-
-    itemsize = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        n = itemsize
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-        f.truncate(8 + len(blob) + offset)
-    return offset
-
-
-def llamagen_shapes(dim: int, layers: int, ffn: int, vocab: int = 16384, classes: int = 1000) -> dict:
-    """Tensor shapes of a LlamaGen c2i GPT of the given size (its checkpoint names)."""
-    shapes = {"tok_embeddings.weight": (vocab, dim), "cls_embedding.embedding_table.weight": (classes + 1, dim),
-              "norm.weight": (dim,), "output.weight": (vocab, dim)}
-    for i in range(layers):
-        shapes.update({f"layers.{i}.attention.wqkv.weight": (3 * dim, dim), f"layers.{i}.attention.wo.weight": (dim, dim),
-                       f"layers.{i}.feed_forward.w1.weight": (ffn, dim), f"layers.{i}.feed_forward.w3.weight": (ffn, dim),
-                       f"layers.{i}.feed_forward.w2.weight": (dim, ffn), f"layers.{i}.attention_norm.weight": (dim,),
-                       f"layers.{i}.ffn_norm.weight": (dim,)})
-    return shapes

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import pathlib
+import re
 
 import torch
 
+from spec_ar.bench.scale_checkpoints import vqgan_yaml
 from spec_ar.decoders.vqgan import VQGANModel, VQGANSpec
 
 #: two levels, no attention outside the middle block
@@ -19,35 +21,8 @@ TINY_FLAT = VQGANSpec(embed_dim=8, n_embed=64, z_channels=16, ch=32, ch_mult=(1,
 
 
 def yaml_text(spec: VQGANSpec) -> str:
-    """The config as Meta ships it: taming-transformers keys, block lists, a loss config."""
-    ch_mult = "".join(f"\n      - {m}" for m in spec.ch_mult)
-    attn = "[" + ", ".join(str(r) for r in spec.attn_resolutions) + "]"
-    return f"""model:
-  base_learning_rate: 4.5e-06
-  target: taming.models.vqgan.VQModel
-  params:
-    embed_dim: {spec.embed_dim}
-    n_embed: {spec.n_embed}
-    ddconfig:
-      double_z: false
-      z_channels: {spec.z_channels}
-      resolution: {spec.resolution}
-      in_channels: {spec.in_channels}
-      out_ch: {spec.out_ch}
-      ch: {spec.ch}
-      ch_mult:{ch_mult}
-      num_res_blocks: {spec.num_res_blocks}
-      attn_resolutions: {attn}  # none in the released tokenizer
-      dropout: {spec.dropout}
-    lossconfig:
-      target: taming.modules.losses.vqperceptual.VQLPIPSWithDiscriminator
-      params:
-        disc_conditional: false
-        disc_in_channels: 3
-        disc_start: 100000000
-        disc_weight: 0.2
-        codebook_weight: 1.0
-"""
+    """The config as Meta ships it (the scale writer's), with a comment on one line for the parser."""
+    return re.sub(r"(attn_resolutions: \[[^\]]*\])", r"\1  # none in the released tokenizer", vqgan_yaml(spec), 1)
 
 
 def random_vqgan(spec: VQGANSpec, seed: int = 0) -> VQGANModel:
