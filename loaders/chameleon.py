@@ -2,7 +2,7 @@
 
 ``ChameleonForConditionalGeneration.forward`` masks every image-token logit, so
 the adapter runs the inner model and ``lm_head`` itself, on a
-:class:`~.hf_cache.RaggedCache`.  Image tokens are the vocabulary entries named
+:class:`~.hf_cache.StaticCache`.  Image tokens are the vocabulary entries named
 ``IMGIMG<letters>Z`` (letters A-J spell the VQ code's digits); the id <-> code
 map is read from the checkpoint's ``vocabulary_map``, never assumed.  Pictures
 come from Meta's VQGAN (``tokenizer/vqgan.yaml`` + ``vqgan.ckpt``,
@@ -51,7 +51,7 @@ from ..formats.checkpoints import (CheckpointError, assign_weights, checked_weig
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, LoadOptions, transformers_config
-from .hf_cache import RaggedCache, RaggedCacheAdapter, cache_argument
+from .hf_cache import TransformersAdapter
 from .storage import full_dtype, place
 
 IMAGE_START, IMAGE_END = "<racm3:break>", "<eoss>"
@@ -106,7 +106,7 @@ def check_size(flavour: str, width: int, height: int) -> None:
         raise ValueError(f"Anole generates {ANOLE_SIZE}x{ANOLE_SIZE} images only (got {width}x{height})")
 
 
-class ChameleonAdapter(RaggedCacheAdapter):
+class ChameleonAdapter(TransformersAdapter):
     def __init__(self, model, tokenizer, spec: ChameleonSpec, codebook: torch.Tensor | None = None):
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
         self.inner, self.head = model.model, model.lm_head
@@ -196,14 +196,14 @@ class ChameleonAdapter(RaggedCacheAdapter):
         self.batch = len(conditions)
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
         self.prompt_rows = (ids, pad_mask)  # a draft head that reads the prompt takes them
-        self.cache = RaggedCache(argument=cache_argument(self.inner))
+        self.cache = self._new_cache(self.inner, len(rows), width)
         hidden = self._keep(self.inner(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
         return self._logits(hidden[:, -1])
 
     @torch.no_grad()
     def _hidden(self, tokens, cache_inputs):
-        ids = tokens.repeat(len(self.cache.valid) // tokens.shape[0], 1)
+        ids = tokens.repeat(self.cache.kv.rows // tokens.shape[0], 1)
         return self.inner(input_ids=ids, **cache_inputs).last_hidden_state
 
     def token_vectors(self):

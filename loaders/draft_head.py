@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats.checkpoints import CheckpointError, load_file, load_weights, peek, read_json, state_dict
-from .llamagen import KVCache, RMSNorm, apply_rope, grid_rope
+from .llamagen import RMSNorm, apply_rope, grid_rope
+from .static_cache import StaticKV as KVCache
 
 #: LANTERN's input types: (grid side, caption inputs before image token 0)
 LANTERN_INPUTS = {"c2i": (24, 0), "t2i": (16, 119), "t2i2": (32, 119)}

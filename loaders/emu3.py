@@ -29,7 +29,7 @@ pattern and BPE-merges each piece on its own with the converted vocabulary: the 
 ``9 0 * 9 0``, as in the reference.
 
 ``generate`` cannot roll back rejected drafts per sample, so the adapter runs its own loop on a
-:class:`~.hf_cache.RaggedCache`, like :mod:`.janus`.
+:class:`~.hf_cache.StaticCache`, like :mod:`.janus`.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from ..formats.checkpoints import CheckpointError, from_pretrained, read_json, t
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, transformers_config
-from .hf_cache import RaggedCache, RaggedCacheAdapter, cache_argument
+from .hf_cache import TransformersAdapter
 from .storage import full_dtype, place
 
 DEFAULT_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
@@ -166,7 +166,7 @@ class Emu3Vocabulary:
         self.id2code[self.code2id] = torch.arange(codes)
 
 
-class Emu3Adapter(RaggedCacheAdapter):
+class Emu3Adapter(TransformersAdapter):
     guidance = "log_softmax"
     sampling_defaults = {"cfg_scale": 3.0, "top_k": 2048, "temperature": 1.0}
 
@@ -213,14 +213,14 @@ class Emu3Adapter(RaggedCacheAdapter):
         self.batch = len(conditions)
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
         self.prompt_rows = (ids, pad_mask)  # a draft head that reads the prompt takes them
-        self.cache = RaggedCache(argument=cache_argument(self.text))
+        self.cache = self._new_cache(self.text, len(rows), width)
         hidden = self._keep(self.text(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
         return self._logits(hidden[:, -1])
 
     @torch.no_grad()
     def _hidden(self, tokens, cache_inputs):
-        ids = tokens.to(self.device).repeat(len(self.cache.valid) // tokens.shape[0], 1)
+        ids = tokens.to(self.device).repeat(self.cache.kv.rows // tokens.shape[0], 1)
         return self.text(input_ids=ids, **cache_inputs).last_hidden_state
 
     def token_vectors(self):

@@ -1,17 +1,17 @@
-"""A transformers KV cache whose rows advance by different amounts.
+"""transformers models on the pack's KV cache, whose rows advance by different amounts.
 
-``transformers``' ``DynamicCache`` crops every row alike, but under speculative
-decoding each sample keeps its own number of window tokens.  ``RaggedCache``
-keeps one physical length for all rows and a 2D attention mask in which a
-sample's rejected positions become holes; each row's rotary positions count
-only its valid tokens, so a hole changes nothing a row attends to.  Trailing
-columns no row uses are cropped, and when holes pile up the rows are compacted
-(valid entries right-aligned, keys already carry their rotary phase).
+``transformers``' own caches crop every row alike, but under speculative decoding
+each sample keeps its own number of window tokens.  The transformers families
+(Janus, Chameleon, Emu3) run on a :class:`~.static_cache.StaticKV` instead: it is
+handed to the model as a ``Cache`` whose ``update`` writes each row's new keys and
+values at that row's next positions, with a 4D attention mask (transformers uses a
+4D mask as given) and each row's rotary positions counting only its real tokens
+(prompts are left-padded).  Rolling back moves lengths; nothing is cropped or
+compacted.
 
-Works with transformers 4.52 to 5.x: it touches only ``cache.layers[i].keys``
-and ``.values`` and passes ``attention_mask`` (exactly past + new long) and
-``position_ids``, never ``cache_position``; the cache goes in by the name the
-model's ``forward`` takes (:func:`cache_argument`).
+Works with transformers 4.52 to 5.x: the model sees ``attention_mask`` (4D),
+``position_ids`` and the cache, never ``cache_position``; the cache goes in by the
+name the model's ``forward`` takes (:func:`cache_argument`).
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import inspect
 import torch
 
 from ..sampling.adapter import ImageAdapter
+from .static_cache import (BUCKET, CAPTURED, StaticKV, capacity_for, forward_function, new_forwards, pad_tree,
+                           pad_window, padded_width, weights_signature)
 
 
 def cache_argument(module: torch.nn.Module) -> str:
@@ -29,134 +31,94 @@ def cache_argument(module: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
-class RaggedCache:
-    def __init__(self, slack: int = 64, argument: str = "past_key_values"):
-        from transformers import DynamicCache
+_VIEWS: dict = {}
 
-        self.argument = argument  # forward's keyword for the cache (cache_argument)
-        self.cache = DynamicCache()
-        self.mask: torch.Tensor | None = None  # [rows, physical] 1 = valid
-        self.valid: list[int] = []  # valid positions per row
-        self.slack = slack
-        self._tree = None  # (valid lengths, physical length) before the last tree forward
-        self._tail = 0
+
+def _kv_view(kv: StaticKV):
+    """``kv`` behind transformers' ``Cache`` interface: attention layers call
+    ``update(keys, values, layer)`` and get back the entries they read."""
+    cls = _VIEWS.get("cls")
+    if cls is None:
+        from transformers.cache_utils import Cache
+
+        class StaticKVView(Cache):
+            offloading = False
+            is_compileable = True
+
+            def __init__(self, kv):  # not Cache's: the layers live in ``kv``
+                self.kv, self.layers = kv, []
+
+            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+                return self.kv.write(layer_idx, key_states, value_states)
+
+            def get_seq_length(self, layer_idx=0):
+                return max(self.kv.host_length)
+
+            def __len__(self):
+                return len(self.kv.k)
+
+        cls = _VIEWS["cls"] = StaticKVView
+    return cls(kv)
+
+
+class StaticCache:
+    """A :class:`~.static_cache.StaticKV` for a transformers model: the inputs of each
+    forward (prompt, window, draft tree) and what follows it (rows: the samples of each
+    guidance branch in turn; the prompt left-padded, its pads masked and skipped by
+    rotary positions)."""
+
+    def __init__(self, kv: StaticKV, argument: str):
+        self.kv, self.argument = kv, argument
+        self.view = _kv_view(kv)
+        self._added = 0
+        self._tree_start: list[int] = []
 
     @property
-    def physical(self) -> int:
-        return 0 if self.mask is None else self.mask.shape[1]
+    def valid(self) -> list[int]:
+        """Real tokens per row (the prompt's, then the image's)."""
+        return [n - p for n, p in zip(self.kv.host_length, self._pads)]
+
+    def _inputs(self, positions, mask) -> dict:
+        return {"attention_mask": mask, "position_ids": positions.clamp(min=0), self.argument: self.view,
+                "use_cache": True}
 
     def prefill_inputs(self, pad_mask: torch.Tensor) -> dict:
-        """Arguments for the prompt forward; ``pad_mask`` ``[rows, S]`` marks real
-        tokens (prompts left-padded)."""
-        pad_mask = pad_mask.long()
-        self._next_mask = pad_mask
-        self._added = pad_mask.sum(1).tolist()
-        self._tree = None
-        positions = (pad_mask.cumsum(1) - 1).clamp(min=0)
-        return {"attention_mask": pad_mask, "position_ids": positions, self.argument: self.cache,
-                "use_cache": True}
+        self.kv.reset(key_ok=pad_mask)
+        self._pads = (pad_mask.shape[1] - pad_mask.long().sum(1)).tolist()
+        self._added = pad_mask.shape[1]
+        return self._inputs(*self.kv.begin(pad_mask.shape[1]))
 
-    def step_inputs(self, L: int) -> dict:
-        """Arguments for a forward of ``L`` new tokens per row."""
-        device = self.mask.device
-        ones = torch.ones(self.mask.shape[0], L, dtype=self.mask.dtype, device=device)
-        self._next_mask = torch.cat([self.mask, ones], 1)
-        self._added = [L] * len(self.valid)
-        self._tree = None
-        positions = torch.tensor(self.valid, device=device).unsqueeze(1) + torch.arange(L, device=device)
-        return {"attention_mask": self._next_mask, "position_ids": positions, self.argument: self.cache,
-                "use_cache": True}
+    def step_inputs(self, L: int, keys: int | None = None) -> dict:
+        self._added = L
+        return self._inputs(*self.kv.begin(L, keys))
 
-    def tree_inputs(self, parents: torch.Tensor) -> dict:
-        """Arguments for a forward of a draft tree (``sampling/tree.py``) with
-        ``parents`` ``[rows, N]``: the nodes go in as ``N`` new columns; a 4D mask
-        lets each see the valid prefix, its ancestors and itself, and its position
-        is the row's valid length plus its depth."""
-        from ..sampling.tree import ancestors
-
-        device = self.mask.device
-        N = parents.shape[1]
-        within = ancestors(parents)
-        self._next_mask = torch.cat([self.mask, torch.ones(self.mask.shape[0], N, dtype=self.mask.dtype,
-                                                           device=device)], 1)
-        self._added = [N] * len(self.valid)
-        self._tree = (list(self.valid), self.physical)
-        prefix = self.mask.bool()[:, None, :].expand(-1, N, -1)
-        allowed = torch.cat([prefix, within], 2).unsqueeze(1)  # [rows, 1, N, physical + N]
-        positions = torch.tensor(self.valid, device=device).unsqueeze(1) + within.sum(-1) - 1
-        return {"attention_mask": allowed, "position_ids": positions, self.argument: self.cache,
-                "use_cache": True}
-
-    def keep_tree(self, nodes: torch.Tensor, counts: list[int]):
-        """After a tree forward: keep each row's ``nodes[row, :counts[row]]`` (a path
-        from the root, in order: their columns stay in order and their positions
-        are the row's next ones) and make the other nodes holes."""
-        valid, start = self._tree
-        N = self.physical - start
-        keep = torch.zeros(len(counts), N, dtype=self.mask.dtype, device=self.mask.device)
-        take = torch.arange(nodes.shape[1], device=nodes.device).unsqueeze(0) < torch.tensor(
-            counts, device=nodes.device).unsqueeze(1)
-        keep.scatter_(1, torch.where(take, nodes, N - 1) if N else nodes, take.to(keep.dtype))
-        self.mask = torch.cat([self.mask[:, :start], keep], 1)
-        self.valid = [v + c for v, c in zip(valid, counts)]
-        self._crop_unused()
+    def tree_inputs(self, within: torch.Tensor, keys: int | None = None) -> dict:
+        """A draft tree's nodes: ``within`` ``[rows, N, N]``, each node's ancestors and
+        itself (``sampling.tree.ancestors``, computed outside a captured forward: it
+        synchronises with the host)."""
+        self._added = within.shape[1]
+        self._tree_start = list(self.kv.host_length)
+        return self._inputs(*self.kv.begin_tree(within.sum(-1) - 1, within, keys=keys))
 
     def commit(self):
-        """After the forward: the new tokens are in the cache."""
-        # trailing columns valid in every row: what the fast rollback may drop
-        self._tail = self._tail + min(self._added) if self._tree is None else 0
-        self.mask = self._next_mask
-        self.valid = [v + a for v, a in zip(self.valid or [0] * len(self._added), self._added)]
+        self.kv.advance([self._added] * self.kv.rows)
 
     def rollback(self, n: list[int]):
-        """Drop the last ``n[row]`` valid positions of each row."""
-        if not any(n):
-            return
-        drop = torch.tensor(n, device=self.mask.device).unsqueeze(1)
-        P = self.physical
-        self.valid = [v - k for v, k in zip(self.valid, n)]
-        if max(n) <= self._tail:  # within the last window, whose columns are all valid: no host sync
-            self.mask = self.mask * (torch.arange(P, device=self.mask.device) < P - drop)
-            self._tail = self._tail - max(n) if max(n) == min(n) else 0
-            self._crop(P - min(n))
-            if self.physical - max(self.valid) > self.slack:
-                self._compact()
-            return
-        on = self.mask.bool()  # after a tree: the last valid columns are not the last columns
-        from_end = on.flip(1).cumsum(1).flip(1)
-        self.mask = self.mask * ~(on & (from_end <= drop))
-        self._tail = 0
-        self._crop_unused()
+        if any(n):
+            self.kv.advance([-k for k in n])
 
-    def _crop_unused(self):
-        """Drop trailing columns no row uses; compact when holes pile up."""
-        used = self.mask.bool().any(0).nonzero()
-        self._crop(int(used[-1]) + 1 if len(used) else 0)
-        if self.physical - max(self.valid) > self.slack:
-            self._compact()
-
-    def _crop(self, length: int):
-        if length < self.physical:
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
-            self.mask = self.mask[:, :length]
-
-    def _compact(self):
-        width = max(self.valid)
-        order = torch.argsort(self.mask, dim=1, stable=True)[:, -width:]  # holes first, valid last
-        for layer in self.cache.layers:
-            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
-        self.mask = self.mask.gather(1, order)
+    def keep_tree(self, nodes: torch.Tensor, counts: list[int]):
+        self.kv.keep(self._tree_start, nodes, counts)
 
 
-class RaggedCacheAdapter(ImageAdapter):
+class TransformersAdapter(ImageAdapter):
     """What the transformers-based adapters (Janus, Chameleon, Emu3) share: a
-    :class:`RaggedCache` whose rows are the ``batch`` samples of each guidance
-    branch in turn, after prompts of ``prompt_lengths`` tokens (set by ``prefill``)."""
+    :class:`StaticCache` whose rows are the ``batch`` samples of each guidance
+    branch in turn, after prompts of ``prompt_lengths`` tokens (set by ``prefill``),
+    and forwards on the adapter's decode path."""
 
-    SLACK = 64  # RaggedCache's default room for holes before compacting
-    cache: RaggedCache | None = None
+    MARGIN = 4 * 128  # cache entries past the image: windows over its end, padded widths
+    cache: StaticCache | None = None
     batch: int = 0
     prompt_lengths: torch.Tensor | None = None
     #: the last prefill's token rows and padding mask ``[rows, S]`` (left-padded prompts)
@@ -187,16 +149,75 @@ class RaggedCacheAdapter(ImageAdapter):
 
     @torch.no_grad()
     def forward(self, tokens):
-        hidden = self._keep(self._hidden(tokens, self.cache.step_inputs(tokens.shape[1])))
-        self.cache.commit()
-        return self._logits(hidden)
+        if self.decode_path == "eager":
+            hidden = self._keep(self._hidden(tokens, self.cache.step_inputs(tokens.shape[1])))
+            self.cache.commit()
+            return self._logits(hidden)
+        L = tokens.shape[1]
+        W = padded_width(L)
+        keys = self.cache.kv.keys_for(W)
+        window = forward_function(self, self._static_window)
+        logits, hidden = self.graphs.run(("window", W, keys, self.batch), lambda t: window(t, keys),
+                                         pad_window(tokens, W))
+        self.cache.kv.advance([L] * self.cache.kv.rows)
+        if self.keep_features:
+            self._keep(hidden[:, :L].clone())
+        return logits[:, :, :L]
 
     @torch.no_grad()
     def forward_tree(self, tokens, parents):
-        reps = len(self.cache.valid) // tokens.shape[0]
-        hidden = self._keep(self._hidden(tokens, self.cache.tree_inputs(parents.repeat(reps, 1))))
-        self.cache.commit()
-        return self._logits(hidden)
+        from ..sampling.tree import ancestors
+
+        reps = self.cache.kv.rows // tokens.shape[0]
+        if self.decode_path == "eager":
+            hidden = self._keep(self._hidden(tokens, self.cache.tree_inputs(ancestors(parents).repeat(reps, 1, 1))))
+            self.cache.commit()
+            return self._logits(hidden)
+        N = tokens.shape[1]
+        W = padded_width(N)
+        keys = self.cache.kv.keys_for(W)
+        tree = forward_function(self, self._static_tree)
+        logits, hidden = self.graphs.run(("tree", W, keys, self.batch), lambda t, w: tree(t, w, keys),
+                                         pad_window(tokens, W), ancestors(pad_tree(parents, W)))
+        self.cache.kv.advance([N] * self.cache.kv.rows)
+        if self.keep_features:
+            self._keep(hidden[:, :N].clone())
+        return logits[:, :, :N]
+
+    def _static_window(self, tokens, keys):
+        """The static path's forward of a padded window, ``keys`` cache entries read."""
+        return self._static_outputs(self._hidden(tokens, self.cache.step_inputs(tokens.shape[1], keys)))
+
+    def _static_tree(self, tokens, within, keys):
+        """The static path's forward of a padded draft tree (``within``: its ancestor masks)."""
+        reps = self.cache.kv.rows // tokens.shape[0]
+        return self._static_outputs(self._hidden(tokens, self.cache.tree_inputs(within.repeat(reps, 1, 1), keys)))
+
+    def _static_outputs(self, hidden):
+        return self._logits(hidden), hidden
+
+    def _new_cache(self, module: torch.nn.Module, rows: int, prompt: int):
+        """The cache a prefill of ``rows`` prompts ``prompt`` tokens wide starts, kept
+        between decodes of the same rows and size on the graphs path (the graphs
+        captured on it stay valid)."""
+        heads, head_dim, layers = self._kv_shape()
+        capacity = capacity_for(prompt + self.layout.length + self.MARGIN)
+        cache = self.cache
+        if cache is None or cache.kv.rows != rows or cache.kv.capacity != capacity:
+            self.graphs = new_forwards(self)
+            kv = StaticKV(layers, heads, head_dim, rows, capacity, next(self.model.parameters()).dtype, self.device,
+                          bucket=BUCKET)
+            cache = StaticCache(kv, cache_argument(module))
+        if self.graphs.enabled:
+            self.graphs.check_weights(weights_signature(self.model))
+        return cache
+
+    def _kv_shape(self) -> tuple[int, int, int]:
+        """Key/value heads, head width and layers of the language model."""
+        text = self.model.config.get_text_config()
+        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        return heads, head_dim, text.num_hidden_layers
 
     def keep_tree(self, nodes, counts):
         reps = len(self.cache.valid) // len(counts)
@@ -209,19 +230,18 @@ class RaggedCacheAdapter(ImageAdapter):
         return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths
 
     def cache_bytes(self):
-        if self.cache is None:
-            return None
-        return sum(t.numel() * t.element_size() for layer in self.cache.cache.layers
-                   for t in (layer.keys, layer.values) if t is not None)
+        return None if self.cache is None else self.cache.kv.nbytes()
 
     def cache_bytes_per_image(self, conditions, negatives, guided):
-        text = self.model.config.get_text_config()
-        heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        heads, head_dim, layers = self._kv_shape()
         prompt = max(len(self.prompt_ids(c)) for c in list(conditions) + list(negatives or []))
-        positions = prompt + self.layout.length + 2 * self.SLACK  # holes and windows past the end
+        positions = capacity_for(prompt + self.layout.length + self.MARGIN)
         itemsize = next(self.model.parameters()).element_size()
-        return self.branches(guided) * positions * text.num_hidden_layers * 2 * heads * head_dim * itemsize
+        return self.branches(guided) * positions * layers * 2 * heads * head_dim * itemsize
+
+    def live_cache_bytes(self):
+        return None if self.cache is None else self.cache.kv.live_bytes()
 
     def release(self):
-        self.cache = None
+        if self.decode_path not in CAPTURED:  # captured forwards keep reading a static cache
+            self.cache = None

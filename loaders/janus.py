@@ -12,7 +12,7 @@ and ``<begin_of_image>`` and pads (``<｜▁pad▁｜>``) everything between, an
 logits (scale 5, temperature 1, no top-k in the reference).
 
 ``generate(generation_mode="image")`` uses a static cache that cannot roll
-back, so the adapter runs its own loop on a :class:`~.hf_cache.RaggedCache`.
+back, so the adapter runs its own loop on a :class:`~.hf_cache.StaticCache`.
 
 Converted folders (``deepseek-community/Janus-Pro-1B``, ``model_type: janus``)
 load directly.  Original folders (``deepseek-ai/Janus-Pro-7B``, ``model_type:
@@ -32,7 +32,7 @@ from ..formats.checkpoints import (CheckpointError, assign_weights, checked_weig
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, transformers_config
-from .hf_cache import RaggedCache, RaggedCacheAdapter, cache_argument
+from .hf_cache import TransformersAdapter
 from .storage import full_dtype, place
 
 TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"
@@ -172,7 +172,7 @@ def _generation_config(model, folder: pathlib.Path) -> None:
                                           folder, "a generation configuration")
 
 
-class JanusAdapter(RaggedCacheAdapter):
+class JanusAdapter(TransformersAdapter):
     guidance = "linear"
     sampling_defaults = {"cfg_scale": 5.0, "temperature": 1.0}
 
@@ -224,7 +224,7 @@ class JanusAdapter(RaggedCacheAdapter):
         self.batch = len(conditions)
         self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
         self.prompt_rows = (ids, pad_mask)  # a draft head that reads the prompt takes them
-        self.cache = RaggedCache(argument=cache_argument(self.lm))
+        self.cache = self._new_cache(self.lm, len(rows), width)
         embeds = self.model.get_input_embeddings()(ids)
         hidden = self._keep(self.lm(inputs_embeds=embeds, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
@@ -232,7 +232,7 @@ class JanusAdapter(RaggedCacheAdapter):
 
     @torch.no_grad()
     def _hidden(self, tokens, cache_inputs):
-        rows = len(self.cache.valid)
+        rows = self.cache.kv.rows
         embeds = self.model.prepare_embeddings_for_image_generation(tokens.repeat(rows // tokens.shape[0], 1))
         return self.lm(inputs_embeds=embeds, **cache_inputs).last_hidden_state
 

@@ -32,6 +32,8 @@ from ..formats.checkpoints import CheckpointError, load_file, load_weights, peek
 from ..sampling.adapter import ImageAdapter, TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, NotAModel
+from .static_cache import (BUCKET, CAPTURED, StaticKV, capacity_for, forward_function, new_forwards, pad_tree,
+                           pad_window, padded_width, weights_signature)
 from .storage import full_dtype, place
 
 #: heads by model width for the released presets (all 64-dim heads but 3B's 100)
@@ -236,79 +238,6 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], -1).flatten(-2).type_as(x)
 
 
-class KVCache:
-    """Per-layer key/value buffers with one length per row (rows advance by
-    different amounts under speculative decoding), and a key mask for padded
-    condition positions."""
-
-    def __init__(self, layers: int, heads: int, head_dim: int, rows: int, capacity: int, dtype, device):
-        shape = (rows, heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.length = torch.zeros(rows, dtype=torch.long, device=device)
-        self.host_length = [0] * rows
-        self.key_ok = torch.ones(rows, capacity, dtype=torch.bool, device=device)
-        self.capacity = capacity
-        self.pos = self.keys = None
-
-    def begin(self, L: int) -> torch.Tensor:
-        """Start a forward of ``L`` tokens per row: returns their positions
-        ``[rows, L]`` and the boolean attention mask ``[rows, 1, L, keys]``
-        (causal, valid keys, and every position sees itself, so padded condition
-        rows see only themselves, as in the reference)."""
-        self.pos = self.length.unsqueeze(1) + torch.arange(L, device=self.length.device)
-        self.keys = max(self.host_length) + L
-        if self.keys > self.capacity:
-            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded")
-        idx = torch.arange(self.keys, device=self.length.device)
-        q = self.pos.unsqueeze(-1)
-        mask = ((idx <= q) & self.key_ok[:, None, : self.keys]) | (idx == q)
-        return self.pos, mask.unsqueeze(1)
-
-    def begin_tree(self, depth: torch.Tensor, within: torch.Tensor, start: torch.Tensor | None = None):
-        """Start a forward of ``N`` nodes of a draft tree (``sampling/tree.py``) per
-        row, stored after each row's cache in node order.  The tree's nodes begin
-        at cache position ``start`` ``[rows]`` (default: the cache length; earlier
-        nodes of a tree fed level by level are already there): ``within``
-        ``[rows, N, M]`` says which of the tree's ``M`` nodes so far (these ``N``
-        last) each node sees, its ancestors and itself; before ``start`` every
-        valid key is seen.  Returns the nodes' sequence positions ``[rows, N]``
-        (``start`` + depth) and the mask ``[rows, 1, N, keys]``."""
-        start = self.length if start is None else start
-        pos, mask = self.begin(depth.shape[1])
-        s = start.view(-1, 1, 1)
-        idx = torch.arange(self.keys, device=self.length.device)
-        col = (idx - s).clamp(min=0, max=within.shape[2] - 1).expand(-1, within.shape[1], -1)
-        in_tree = within.gather(2, col) & (idx < s + within.shape[2])
-        mask = torch.where(idx >= s, in_tree, mask.squeeze(1))
-        return start.unsqueeze(1) + depth, mask.unsqueeze(1)
-
-    def keep(self, start: list[int], nodes: torch.Tensor, counts: list[int]):
-        """After a tree forward from ``start[row]``: keep nodes ``nodes[row, :counts[row]]``
-        (a root-to-node path, in order) at ``start .. start + count`` and drop the rest."""
-        base = torch.tensor(start, device=self.length.device).view(-1, 1)
-        src = (base + nodes).view(-1, 1, nodes.shape[1], 1)
-        dst = (base + torch.arange(nodes.shape[1], device=base.device)).view(-1, 1, nodes.shape[1], 1)
-        for buf in self.k + self.v:
-            moved = buf.gather(2, src.expand(-1, buf.shape[1], -1, buf.shape[3]))
-            buf.scatter_(2, dst.expand_as(moved), moved)
-        self.host_length = [a + c for a, c in zip(start, counts)]
-        self.length = torch.tensor(self.host_length, device=self.length.device)
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Store ``k, v`` ``[rows, heads, L, hd]`` at each row's positions; return
-        the keys and values attention reads."""
-        idx = self.pos[:, None, :, None].expand(k.shape)
-        self.k[layer].scatter_(2, idx, k)
-        self.v[layer].scatter_(2, idx, v)
-        return self.k[layer][:, :, : self.keys], self.v[layer][:, :, : self.keys]
-
-    def advance(self, n: list[int]):
-        """Add ``n[row]`` positions (negative: roll back)."""
-        self.host_length = [a + b for a, b in zip(self.host_length, n)]
-        self.length += torch.tensor(n, device=self.length.device)
-
-
 class LlamaGenAdapter(ImageAdapter):
     """Drives a :class:`LlamaGenGPT` for the engine.  Conditions are class ids
     (c2i) or prompts (t2i, through ``text_encoder``)."""
@@ -377,26 +306,58 @@ class LlamaGenAdapter(ImageAdapter):
         if self.rope is None or self.rope.shape[0] < cond + T + margin:
             self.rope = rope_table(self.spec, self.grid, margin).to(self.device)
         s = self.spec
-        self.cache = KVCache(s.n_layer, s.n_head, s.head_dim, rows, cond + T + margin, self.dtype, self.device)
+        capacity = capacity_for(cond + T + margin)
+        kept = self.cache
+        if not (kept is not None and kept.rows == rows and kept.capacity == capacity):  # kept: the graphs path
+            self.cache = StaticKV(s.n_layer, s.n_head, s.head_dim, rows, capacity, self.dtype, self.device,
+                                  bucket=BUCKET)
+            self.graphs = new_forwards(self)
+        if self.graphs.enabled:
+            self.graphs.check_weights(weights_signature(self.gpt))
+        self.cache.reset()
         if mask is not None:
             self.cache.key_ok[:, :cond] = mask.bool()
         return self._run(h)[:, :, -1]
 
     def forward(self, tokens):
+        if self.decode_path == "eager":
+            return self._run(self._embed(tokens))
+        L = tokens.shape[1]
+        W = padded_width(L)
+        keys = self.cache.keys_for(W)
+        window = forward_function(self, self._static_window)
+        logits, features = self.graphs.run(("window", W, keys, self.batch), lambda t: window(t, keys),
+                                           pad_window(tokens, W))
+        self.cache.advance([L] * self.cache.rows)
+        if self.keep_features:
+            self.features = features[:, :, :L].clone()
+        return logits[:, :, :L]
+
+    def _embed(self, tokens):
         h = self.gpt.tok_embeddings(tokens)
-        rows = self.cache.length.shape[0]
-        return self._run(h.repeat(rows // tokens.shape[0], 1, 1))
+        return h.repeat(self.cache.rows // tokens.shape[0], 1, 1)
+
+    @torch.no_grad()
+    def _static_window(self, tokens, keys):
+        """The static path's forward: a padded window, ``keys`` cache entries read."""
+        pos, mask = self.cache.begin(tokens.shape[1], keys)
+        return self._outputs(self.gpt.features(self._embed(tokens), self.rope[pos], self.cache, mask))
+
+    def _outputs(self, features):
+        """Hidden states ``[rows, L, H]`` -> logits ``[K, B, L, V]`` and features ``[K, B, L, H]``."""
+        logits = self.gpt.output(features).float()
+        return (logits.view(-1, self.batch, *logits.shape[1:]),
+                features.view(-1, self.batch, *features.shape[1:]))
 
     @torch.no_grad()
     def _run(self, h):
         L = h.shape[1]
         pos, mask = self.cache.begin(L)
-        features = self.gpt.features(h, self.rope[pos], self.cache, mask)
-        self.cache.advance([L] * len(self.cache.host_length))
+        logits, features = self._outputs(self.gpt.features(h, self.rope[pos], self.cache, mask))
+        self.cache.advance([L] * self.cache.rows)
         if self.keep_features:
-            self.features = features.view(-1, self.batch, L, features.shape[-1])
-        logits = self.gpt.output(features).float()
-        return logits.view(-1, self.batch, L, logits.shape[-1])
+            self.features = features
+        return logits
 
     def logits_from_features(self, features):
         return self.gpt.output(features.to(self.dtype)).float()
@@ -412,18 +373,29 @@ class LlamaGenAdapter(ImageAdapter):
     def forward_tree(self, tokens, parents):
         from ..sampling.tree import ancestors
 
-        rows = self.cache.length.shape[0]
-        reps = rows // tokens.shape[0]
-        within = ancestors(parents).repeat(reps, 1, 1)
-        self._tree_start = list(self.cache.host_length)
-        h = self.gpt.tok_embeddings(tokens).repeat(reps, 1, 1)
         N = tokens.shape[1]
-        pos, mask = self.cache.begin_tree(within.sum(-1) - 1, within)
-        features = self.gpt.features(h, self.rope[pos], self.cache, mask)
-        self.cache.advance([N] * rows)
+        self._tree_start = list(self.cache.host_length)
+        if self.decode_path == "eager":
+            within = ancestors(parents).repeat(self.cache.rows // tokens.shape[0], 1, 1)
+            logits, features = self._static_tree(tokens, within, None)
+        else:
+            W = padded_width(N)
+            keys = self.cache.keys_for(W)
+            within = ancestors(pad_tree(parents, W))
+            tree = forward_function(self, self._static_tree)
+            logits, features = self.graphs.run(("tree", W, keys, self.batch), lambda t, w: tree(t, w, keys),
+                                               pad_window(tokens, W), within)
+            logits, features = logits[:, :, :N], features[:, :, :N].clone()
+        self.cache.advance([N] * self.cache.rows)
         if self.keep_features:
-            self.features = features.view(-1, self.batch, N, features.shape[-1])
-        return self.gpt.output(features).float().view(-1, self.batch, N, self.vocab_size)
+            self.features = features
+        return logits
+
+    def _static_tree(self, tokens, within, keys):
+        """A draft tree's forward: ``within`` ``[B or rows, N, N]`` its ancestor masks."""
+        within = within.repeat(self.cache.rows // within.shape[0], 1, 1)
+        pos, mask = self.cache.begin_tree(within.sum(-1) - 1, within, keys=keys)
+        return self._outputs(self.gpt.features(self._embed(tokens), self.rope[pos], self.cache, mask))
 
     def keep_tree(self, nodes, counts):
         branches = len(self.cache.host_length) // len(counts)
@@ -440,20 +412,19 @@ class LlamaGenAdapter(ImageAdapter):
     def cache_bytes(self):
         if self.cache is None:
             return None
-        return sum(t.numel() * t.element_size() for t in self.cache.k + self.cache.v)
+        return self.cache.nbytes()
 
     def live_cache_bytes(self):
-        if self.cache is None:
-            return None
-        return self.cache_bytes() * max(self.cache.host_length) // self.cache.capacity
+        return None if self.cache is None else self.cache.live_bytes()
 
     def cache_bytes_per_image(self, conditions, negatives, guided):
         s = self.spec  # keys and values: n_head * head_dim = dim per layer and position
-        positions = s.cond_tokens + self.layout.length + self.MARGIN
+        positions = capacity_for(s.cond_tokens + self.layout.length + self.MARGIN)
         return self.branches(guided) * positions * s.n_layer * 2 * s.dim * self.dtype.itemsize
 
     def release(self):
-        self.cache = None
+        if self.decode_path not in CAPTURED:  # captured forwards keep reading this cache
+            self.cache = None
 
 
 RESOLUTIONS = (256, 384, 512)

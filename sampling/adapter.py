@@ -102,6 +102,10 @@ class ImageAdapter:
     feature_size: int | None = None
     condition_positions: int | None = None
     rope_grid: int | None = None
+    #: how forwards run: ``eager`` (shapes as they come), ``static`` (a preallocated cache
+    #: read in buckets, windows and trees padded to a few widths) or ``graphs`` (static,
+    #: replayed as CUDA graphs); see ``loaders/static_cache.py``.  Tokens are the same.
+    decode_path: str = "eager"
 
     def check_conditions(self, conditions: Sequence, negatives: Sequence | None) -> None:
         """Raise ``ValueError`` naming the bad prompt before any model work."""

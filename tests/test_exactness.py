@@ -20,7 +20,12 @@ CFG, TOP_K = 2.0, 3
 
 def stream_test(adapter: TabularAdapter, tokens: torch.Tensor, cls: int, cfg=CFG, top_k=TOP_K, temperature=1.0):
     """``(p-value, number of sampled streams that have zero probability)``."""
-    exact = adapter.joint(cls, cfg, top_k, temperature)
+    return chi_square(adapter.joint(cls, cfg, top_k, temperature), tokens)
+
+
+def chi_square(exact: dict[tuple, float], tokens: torch.Tensor):
+    """Sampled streams ``tokens`` against their ``exact`` joint (stream -> probability):
+    ``(p-value, number of sampled streams that have zero probability)``."""
     counts: dict[tuple, int] = {}
     for row in map(tuple, tokens.tolist()):
         counts[row] = counts.get(row, 0) + 1

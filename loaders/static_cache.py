@@ -1,0 +1,275 @@
+"""A preallocated KV cache whose rows advance by different amounts, and the
+fixed-shape forwards (and CUDA graphs) built on it.
+
+:class:`StaticKV` holds per layer one ``[rows, heads, capacity, head_dim]`` key
+and value buffer for a whole decode (condition, image, and the windows past its
+end).  Each row has its own length (``length``, a tensor updated in place, and
+``host_length``, its host mirror); a forward writes its ``L`` new entries at
+each row's next positions, and rolling back is moving the length: the entries
+past it are never read again before being overwritten, because a query sees
+keys up to its own position only.
+
+Attention reads the first ``keys`` entries of every row: the longest row plus
+the window, rounded up to a multiple of ``bucket`` (masked keys add nothing).
+The decode paths share that, so that they compute the same numbers: attention
+kernels sum over the keys in blocks, and a different number of masked keys
+can change the last bit of a probability and, rarely, a sampled token.  On the
+*eager* path a window (or draft tree) goes in at its own width; on the *static*
+path it is padded to a power of two (:func:`padded_width`), so that a decode runs
+forwards of a handful of shapes: the padding rows are written past each row's
+length and never kept.  :class:`CapturedForwards` replays one CUDA graph per
+shape (the *graphs* path).
+
+``offset`` ``[rows]`` is subtracted from a cache position to give a row's
+rotary position: left-padded prompts put the first real token of a row at
+position 0 (transformers' families); LlamaGen's rotary table has zero rows for
+the whole condition and uses the cache position itself (offset 0).
+"""
+from __future__ import annotations
+
+import torch
+
+#: how the decode path is chosen: ``auto`` is ``graphs`` on CUDA and ``eager`` elsewhere
+DECODE_PATHS = ("auto", "eager", "static", "graphs", "compiled")
+#: the paths that replay CUDA graphs (on CUDA), and so keep their cache between decodes
+CAPTURED = ("graphs", "compiled")
+HELP = ("how forwards run: eager (shapes as they come), static (a KV cache allocated once per decode and read in "
+        "buckets of 256 entries, windows and draft trees padded to powers of two: a few fixed shapes), graphs "
+        "(static, each shape captured once as a CUDA graph and replayed, so a forward costs no per-kernel launch "
+        "time; CUDA only, offloaded and nf4 models run static), compiled (graphs of forwards that torch.compile "
+        "fused first: fewer, larger kernels, after a compile of a minute or two per model; the same distribution, "
+        "but fused arithmetic rounds differently, so a seed's image can differ), auto (graphs on CUDA, eager "
+        "elsewhere; default). eager, static and graphs give the same tokens")
+
+#: cache entries per key bucket on the static path (a 7B model at 384 px: 3 buckets)
+BUCKET = 256
+
+
+def resolve_path(path: str | None, device, capturable: bool = True) -> str:
+    """``eager``, ``static`` or ``graphs`` for ``path`` (one of :data:`DECODE_PATHS`) on ``device``;
+    graphs need CUDA and a ``capturable`` model (not offloaded, not nf4), else run ``static``."""
+    path = path or "auto"
+    if path not in DECODE_PATHS:
+        from ..sampling.config import ConfigError
+
+        raise ConfigError(f"decode path must be one of {', '.join(DECODE_PATHS)} (got {path!r})")
+    graphs = torch.device(device).type == "cuda" and capturable
+    if path == "auto":
+        return "graphs" if graphs else ("static" if torch.device(device).type == "cuda" else "eager")
+    if path == "graphs" and not graphs:
+        return "static"
+    return path
+
+
+def new_forwards(adapter) -> "CapturedForwards":
+    """The graphs an adapter's forwards replay on its decode path (none off CUDA)."""
+    return CapturedForwards(adapter.decode_path in CAPTURED and torch.device(adapter.device).type == "cuda")
+
+
+def weights_signature(*modules: torch.nn.Module) -> tuple:
+    """Where the modules' weights are now.  A graph replays the addresses it was captured
+    with: when ComfyUI (or anything else) moves a model off the GPU and back, its
+    graphs must be captured again."""
+    return tuple((t.device, t.data_ptr()) for m in modules for t in [*m.parameters(), *m.buffers()])
+
+
+def forward_function(adapter, fn):
+    """``fn`` (a bound method of ``adapter``) as its decode path runs it: on the compiled
+    path compiled once for every shape (``dynamic``: widths and cache reads symbolic)."""
+    if adapter.decode_path != "compiled":
+        return fn
+    compiled = adapter.__dict__.setdefault("compiled_forwards", {})
+    if fn.__name__ not in compiled:
+        compiled[fn.__name__] = torch.compile(fn, dynamic=True)
+    return compiled[fn.__name__]
+
+
+def capacity_for(positions: int) -> int:
+    """Cache entries for ``positions``, rounded up to a whole bucket."""
+    return -(-positions // BUCKET) * BUCKET
+
+
+def padded_width(n: int) -> int:
+    """The static path's width for ``n`` window tokens or tree nodes: the next power of two."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+class StaticKV:
+    def __init__(self, layers: int, heads: int, head_dim: int, rows: int, capacity: int, dtype, device,
+                 bucket: int = 1):
+        shape = (rows, heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.length = torch.zeros(rows, dtype=torch.long, device=device)
+        self.offset = torch.zeros(rows, dtype=torch.long, device=device)
+        self.host_length = [0] * rows
+        self.key_ok = torch.ones(rows, capacity, dtype=torch.bool, device=device)
+        self.capacity, self.rows, self.bucket = capacity, rows, bucket
+        self.pos = None
+        self.keys = 0
+
+    def reset(self, key_ok: torch.Tensor | None = None) -> None:
+        """Empty every row (in place: captured forwards keep reading these tensors);
+        ``key_ok`` ``[rows, S]`` marks the real entries of the prompt about to be written."""
+        self.length.zero_()
+        self.offset.zero_()
+        self.host_length = [0] * self.rows
+        self.key_ok.fill_(True)
+        if key_ok is not None:
+            self.key_ok[:, : key_ok.shape[1]] = key_ok.bool()
+            self.offset.copy_((~key_ok.bool()).sum(1))
+
+    def keys_for(self, L: int) -> int:
+        """Entries attention reads in a forward of ``L`` tokens: the longest row plus
+        ``L``, rounded up to the bucket."""
+        need = max(self.host_length) + L
+        keys = min(-(-need // self.bucket) * self.bucket, self.capacity)
+        if need > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded")
+        return keys
+
+    def begin(self, L: int, keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start a forward of ``L`` tokens per row, reading ``keys`` entries (default
+        :meth:`keys_for`): returns their rotary positions ``[rows, L]`` and the
+        boolean attention mask ``[rows, 1, L, keys]`` (causal, valid keys, and every
+        position sees itself, so padded condition rows see only themselves)."""
+        self.pos = self.length.unsqueeze(1) + torch.arange(L, device=self.length.device)
+        self.keys = keys or self.keys_for(L)
+        idx = torch.arange(self.keys, device=self.length.device)
+        q = self.pos.unsqueeze(-1)
+        mask = ((idx <= q) & self.key_ok[:, None, : self.keys]) | (idx == q)
+        return self.pos - self.offset.unsqueeze(1), mask.unsqueeze(1)
+
+    def begin_tree(self, depth: torch.Tensor, within: torch.Tensor, start: torch.Tensor | None = None,
+                   keys: int | None = None):
+        """Start a forward of ``N`` nodes of a draft tree (``sampling/tree.py``) per
+        row, stored after each row's cache in node order.  The tree's nodes begin
+        at cache position ``start`` ``[rows]`` (default: the cache length; earlier
+        nodes of a tree fed level by level are already there): ``within``
+        ``[rows, N, M]`` says which of the tree's ``M`` nodes so far (these ``N``
+        last) each node sees, its ancestors and itself; before ``start`` every
+        valid key is seen.  Returns the nodes' rotary positions ``[rows, N]``
+        (``start`` + depth) and the mask ``[rows, 1, N, keys]``."""
+        start = self.length if start is None else start
+        _, mask = self.begin(depth.shape[1], keys)
+        s = start.view(-1, 1, 1)
+        idx = torch.arange(self.keys, device=self.length.device)
+        col = (idx - s).clamp(min=0, max=within.shape[2] - 1).expand(-1, within.shape[1], -1)
+        in_tree = within.gather(2, col) & (idx < s + within.shape[2])
+        mask = torch.where(idx >= s, in_tree, mask.squeeze(1))
+        return start.unsqueeze(1) + depth - self.offset.unsqueeze(1), mask.unsqueeze(1)
+
+    def keep(self, start: list[int], nodes: torch.Tensor, counts: list[int]):
+        """After a tree forward from ``start[row]``: keep nodes ``nodes[row, :counts[row]]``
+        (a root-to-node path, in order) at ``start .. start + count`` and drop the rest."""
+        base = torch.tensor(start, device=self.length.device).view(-1, 1)
+        src = (base + nodes).view(-1, 1, nodes.shape[1], 1)
+        dst = (base + torch.arange(nodes.shape[1], device=base.device)).view(-1, 1, nodes.shape[1], 1)
+        for buf in self.k + self.v:
+            moved = buf.gather(2, src.expand(-1, buf.shape[1], -1, buf.shape[3]))
+            buf.scatter_(2, dst.expand_as(moved), moved)
+        self.host_length = [a + c for a, c in zip(start, counts)]
+        self.length.copy_(torch.tensor(self.host_length, device=self.length.device))
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Store ``k, v`` ``[rows, heads, L, hd]`` at each row's positions; return
+        the keys and values attention reads."""
+        idx = self.pos[:, None, :, None].expand(k.shape)
+        self.k[layer].scatter_(2, idx, k)
+        self.v[layer].scatter_(2, idx, v)
+        return self.k[layer][:, :, : self.keys], self.v[layer][:, :, : self.keys]
+
+    def advance(self, n: list[int]):
+        """Add ``n[row]`` positions (negative: roll back)."""
+        self.host_length = [a + b for a, b in zip(self.host_length, n)]
+        self.length += torch.tensor(n, device=self.length.device)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def live_bytes(self) -> int:
+        """Bytes a forward reads now: the entries up to the longest row."""
+        return self.nbytes() * max(self.host_length) // self.capacity
+
+
+def pad_tree(parents: torch.Tensor, width: int) -> torch.Tensor:
+    """``parents`` ``[rows, N]`` widened to ``width`` nodes; the added ones are roots
+    that see only themselves (their outputs are never read)."""
+    extra = width - parents.shape[1]
+    if extra <= 0:
+        return parents
+    return torch.cat([parents, parents.new_full((parents.shape[0], extra), -1)], 1)
+
+
+def pad_window(tokens: torch.Tensor, width: int) -> torch.Tensor:
+    """``tokens`` ``[B, L]`` widened to ``width`` columns with copies of the last one."""
+    extra = width - tokens.shape[1]
+    if extra <= 0:
+        return tokens
+    return torch.cat([tokens, tokens[:, -1:].expand(-1, extra)], 1)
+
+
+class CapturedForwards:
+    """One CUDA graph per forward shape, replayed on fresh inputs.
+
+    ``run(key, fn, *inputs)`` calls ``fn(*inputs)`` (tensors in, a tuple of
+    tensors out).  The first call with a ``key`` captures it: its inputs are copied
+    into static buffers, ``fn`` runs twice on a side stream (warm-up: its writes
+    into the KV cache land where the real call writes the same values), then once
+    under capture; later calls copy their inputs in and replay.  Every
+    graph shares one memory pool, so outputs are valid until the next ``run``
+    (the engine consumes a forward's logits before the next one).  With
+    ``enabled`` false ``fn`` just runs; a capture that fails turns graphs off for
+    the rest of the decode and says why in ``failed``."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.graphs: dict = {}
+        self.pool = None
+        self.captures = 0
+        self.replays = 0
+        self.failed: str | None = None
+
+    def run(self, key, fn, *inputs):
+        if not self.enabled:
+            return fn(*inputs)
+        hit = self.graphs.get(key)
+        if hit is None:
+            try:
+                hit = self._capture(key, fn, inputs)
+            except RuntimeError as err:  # e.g. an operation that synchronises with the host
+                self.enabled, self.failed = False, f"{type(err).__name__}: {err}".splitlines()[0]
+                torch.cuda.synchronize()
+                return fn(*inputs)
+        graph, static, out = hit
+        for buf, t in zip(static, inputs):
+            buf.copy_(t)
+        graph.replay()
+        self.replays += 1
+        return out
+
+    def _capture(self, key, fn, inputs):
+        static = tuple(t.clone() for t in inputs)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn(*static)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn(*static)
+        self.pool = graph.pool()
+        self.captures += 1
+        hit = self.graphs[key] = (graph, static, out)
+        return hit
+
+    def clear(self):
+        self.graphs.clear()
+        self.pool = None
+
+    def check_weights(self, signature: tuple) -> None:
+        """Before a decode: drop the graphs if the weights moved since they were captured."""
+        if getattr(self, "signature", None) != signature:
+            self.clear()
+            self.signature = signature

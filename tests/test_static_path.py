@@ -1,0 +1,250 @@
+"""The static decode path (a preallocated cache read in buckets, windows and trees padded
+to a few widths; ``loaders/static_cache.py``) gives the eager path's tokens in float32,
+for every family, mode and kind of drafting; it samples the exact joint; its forward
+compiles as one graph; on CUDA, CUDA graphs give the same tokens again."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from spec_ar.loaders import chameleon, emu3, embedded, janus, llamagen
+from spec_ar.loaders.static_cache import StaticKV, pad_tree, pad_window, padded_width, resolve_path
+from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+
+from .chameleon_files import write_chameleon
+from .checkpoints import random_gpt, tiny_gpt_spec, tiny_janus, write_gpt, write_janus, write_t5, write_vq
+from .emu3_files import write_emu3
+from .test_exactness import chi_square
+
+PROMPTS = ["a cat", "a dog on a hill at night"]  # different lengths: left padding on the static path too
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    d = tmp_path_factory.mktemp("static")
+    model, tok = tiny_janus(seed=3)
+    t2i = write_gpt(d / "t2i.pt", random_gpt(tiny_gpt_spec("t2i", cond_tokens=120), seed=1))
+    return {
+        "embedded": embedded.load(),
+        "llamagen-c2i": llamagen.load(write_gpt(d / "c2i.pt", random_gpt(tiny_gpt_spec("c2i"), seed=2)),
+                                      write_vq(d / "vq.pt"), resolution=128),
+        "llamagen-t2i": llamagen.load(t2i, write_vq(d / "vq.pt"), write_t5(d / "t5"), resolution=256),
+        "janus": janus.load(write_janus(d / "Janus-Pro-tiny", model, tok)),
+        "lumina": chameleon.load(write_chameleon(d / "Lumina-mGPT-7B-768", "lumina"), width=96, height=64),
+        "anole": chameleon.load(write_chameleon(d / "Anole-7b-hf", "anole", seed=1)),
+        "emu3": emu3.load(write_emu3(d / "Emu3-Gen-tiny", seed=1), resolution=64),
+    }
+
+
+def conditions(model):
+    return [3, 7] if model.condition == "class" else ["a red circle", "a blue square on a striped background"] \
+        if model.family == "embedded" else PROMPTS
+
+
+def decode_on(path, model, config, drafter=None, seeds=(4, 5)):
+    ad = model.adapter
+    ad.decode_path, ad.cache = path, None
+    try:
+        return SpeculativeDecoder(ad, config, drafter=drafter).generate(conditions(model), seeds=list(seeds))
+    finally:
+        ad.decode_path, ad.cache = "eager", None
+
+
+def same_tokens(model, config, drafter=None):
+    eager = decode_on("eager", model, config, drafter)
+    static = decode_on("static", model, config, drafter)
+    assert torch.equal(static.tokens, eager.tokens)
+    assert [r.nfe for r in static.reports] == [r.nfe for r in eager.reports]
+    return eager
+
+
+MODES = {"ar": dict(mode="ar"), "sjd": dict(mode="sjd", window=6), "gsd": dict(mode="gsd", window=6),
+         "lantern": dict(mode="lantern", window=6, lantern_k=4), "vvs": dict(mode="vvs", window=6, lantern_k=4),
+         "sjd-independent": dict(mode="sjd", window=6, draft_coupling="none")}
+CHEAP = ["embedded", "llamagen-c2i", "llamagen-t2i", "janus", "lumina", "emu3"]  # anole: 1025 positions
+
+
+@pytest.mark.parametrize("family,mode", [(f, m) for f in CHEAP for m in MODES]
+                         + [("anole", "sjd"), ("anole", "vvs")])
+def test_the_static_path_gives_the_eager_tokens(families, family, mode):
+    result = same_tokens(families[family], DecodeConfig(**MODES[mode]))
+    if mode != "ar":  # not vacuous: windows of several widths were scored and partly rejected
+        assert any(r.nfe < r.tokens for r in result.reports)
+
+
+@pytest.mark.parametrize("tree", ["chain", "dynamic", "static", "sampled"])
+def test_draft_heads_and_their_trees_give_the_eager_tokens_on_the_static_path(families, tree, tmp_path):
+    from spec_ar.loaders.detect import load_drafter
+
+    from .checkpoints import write_lantern_head
+
+    model = families["llamagen-t2i"]
+    source = load_drafter(write_lantern_head(tmp_path / "head", hidden=128, heads=2, vocab=1024), model)
+    config = DecodeConfig(mode="sjd", tree=tree, depth=3, tree_top_k=6, tree_tokens=10)
+    same_tokens(model, config, source)
+
+
+def test_a_draft_head_reading_the_prompt_gives_the_eager_tokens_on_the_static_path(families, tmp_path):
+    from spec_ar.loaders.detect import load_drafter
+
+    from .checkpoints import write_lantern_anole_head
+
+    model = families["anole"]
+    folder = write_lantern_anole_head(tmp_path / "anole_drafter", hidden=32, heads=4, kv_heads=2,
+                                      vocab=model.adapter.vocab_size)
+    same_tokens(model, DecodeConfig(mode="sjd", tree="dynamic", depth=2, tree_top_k=3, tree_tokens=6),
+                load_drafter(folder, model))
+
+
+def test_a_sibling_draft_model_gives_the_eager_tokens_on_the_static_path(families):
+    from spec_ar.loaders.detect import load_drafter
+
+    model = families["embedded"]
+    sibling = load_drafter("embedded-sibling", model)
+    sibling.adapter.decode_path = "static"
+    try:
+        same_tokens(model, DecodeConfig(mode="sjd", depth=3), sibling)
+    finally:
+        sibling.adapter.decode_path = "eager"
+
+
+@pytest.mark.parametrize("family", ["embedded", "janus", "lumina", "emu3"])
+@pytest.mark.parametrize("shape", ["window", "tree"])
+def test_the_static_forward_compiles_as_one_graph(families, family, shape):
+    """``torch.compile(fullgraph=True)`` fails on any graph break (a host synchronisation,
+    a data-dependent shape): what a CUDA graph could not capture either.  And with
+    ``dynamic=True`` (the compiled path) every width and cache read after the first share a compile."""
+    from spec_ar.sampling.tree import ancestors
+
+    ad = families[family].adapter
+    ad.decode_path, ad.cache = "static", None
+    try:
+        ad.prefill(conditions(families[family]), None, True)
+        tokens = torch.nonzero(ad.layout.image_tokens)[:16].view(2, 8)
+        kv = ad.cache if isinstance(ad.cache, StaticKV) else ad.cache.kv
+        keys = kv.keys_for(8)
+        within = ancestors(torch.tensor([[-1, 0, 0, 1, 1, 2, 2, 3]]).repeat(2, 1))
+        forward = {"window": lambda t, w: ad._static_window(t, keys),
+                   "tree": lambda t, w: ad._static_tree(t, w, keys)}[shape]
+        expected = forward(tokens, within)[0]
+        torch._dynamo.reset()
+        compiled = torch.compile(forward, fullgraph=True, backend="aot_eager")
+        assert torch.allclose(compiled(tokens, within)[0], expected, atol=1e-5)
+        if shape == "window" and family in ("embedded", "janus"):  # ours, and transformers' Llama
+            counts = torch._dynamo.utils.counters["stats"]
+            counted = counts["unique_graphs"]
+            method = torch.compile(ad._static_window, fullgraph=True, backend="aot_eager", dynamic=True)
+            graphs = []
+            for width, step in ((8, 0), (16, 8), (4, 24), (2, 3), (32, 5)):  # other widths and cache lengths
+                t = torch.nonzero(ad.layout.image_tokens)[: 2 * width].view(2, width)
+                kv.advance([step] * kv.rows)
+                method(t, kv.keys_for(width))
+                graphs.append(counts["unique_graphs"] - counted)
+            # transformers' code specialises the first width it sees; the second compile serves the rest
+            assert graphs[-1] == graphs[1] <= 2
+    finally:
+        ad.decode_path, ad.cache = "eager", None
+        torch._dynamo.reset()
+
+
+def test_a_decode_runs_forwards_of_a_few_shapes(families):
+    """Padded widths and bucketed cache reads: the set of forward shapes stays small."""
+    model = families["emu3"]  # 8 x 8 image tokens, an end-of-line per row: 74 positions
+    ad = model.adapter
+    shapes = set()
+    original = ad._hidden
+
+    def spy(tokens, inputs):
+        shapes.add((tokens.shape[1], inputs["attention_mask"].shape[-1]))
+        return original(tokens, inputs)
+
+    ad._hidden = spy
+    try:
+        decode_on("static", model, DecodeConfig(mode="sjd", window=6))
+    finally:
+        del ad._hidden
+    widths, keys = {w for w, _ in shapes}, {k for _, k in shapes}
+    assert widths <= {1, 2, 4, 8} and keys <= {256, 512}  # the prompt and 74 positions: two buckets
+    assert len(shapes) <= 8
+
+
+def test_padding_helpers():
+    assert [padded_width(n) for n in (1, 2, 3, 7, 8, 25, 33)] == [1, 2, 4, 8, 8, 32, 64]
+    assert pad_window(torch.tensor([[5, 6]]), 4).tolist() == [[5, 6, 6, 6]]
+    assert pad_tree(torch.tensor([[-1, 0, 0]]), 4).tolist() == [[-1, 0, 0, -1]]
+
+
+def test_paths_resolve_per_device():
+    assert resolve_path("auto", "cpu") == "eager" and resolve_path("graphs", "cpu") == "static"
+    assert resolve_path("auto", "cuda") == "graphs" and resolve_path("auto", "cuda", capturable=False) == "static"
+    with pytest.raises(ConfigError, match="decode path must be one of auto, eager, static, graphs"):
+        resolve_path("fast", "cpu")
+
+
+# -- exactness on the static path -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def enumerable():
+    """A class-conditional LlamaGen GPT with 4 image tokens of 3 ids (81 streams to
+    enumerate; 16 under top-k 2), weights drawn so that its conditionals differ."""
+    spec = llamagen.GPTSpec(dim=16, n_layer=1, n_head=2, ffn_hidden=32, vocab_size=3, kind="c2i", num_classes=2)
+    torch.manual_seed(0)
+    gpt = llamagen.LlamaGenGPT(spec)
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.normal_(0, 0.3)
+    return llamagen.LlamaGenAdapter(gpt.eval(), 2, codebook=torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("config", [dict(mode="ar"), dict(mode="sjd", window=3),
+                                    dict(mode="sjd", window=3, draft_coupling="none")])
+def test_the_static_path_samples_the_exact_joint(enumerable, config):
+    settings = dict(cfg_scale=2.0, top_k=2, **config)
+    streams = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    scorer = SpeculativeDecoder(enumerable, DecodeConfig(**settings))
+    ll = scorer.target_log_likelihood([1] * len(streams), streams).sum(1)
+    exact = {tuple(s): math.exp(v) for s, v in zip(streams.tolist(), ll.tolist()) if v > -math.inf}
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4) and max(exact.values()) < 0.2
+    enumerable.decode_path, enumerable.cache = "static", None
+    try:
+        decoder = SpeculativeDecoder(enumerable, DecodeConfig(**settings))
+        tokens = torch.cat([decoder.generate([1] * 1000, seeds=b * 1000).tokens for b in range(12)])
+    finally:
+        enumerable.decode_path, enumerable.cache = "eager", None
+    pvalue, impossible = chi_square(exact, tokens)
+    assert impossible == 0
+    assert pvalue > 1e-4
+
+
+# -- CUDA graphs -------------------------------------------------------------------------------
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("mode", ["ar", "sjd", "gsd", "lantern", "vvs"])
+def test_cuda_graphs_give_the_eager_tokens(mode):
+    from spec_ar.loaders.detect import load_model
+
+    model = load_model("embedded", device="cuda", dtype="float32", decode_path="graphs")
+    ad = model.adapter
+    config = DecodeConfig(mode=mode, window=24)  # set: on auto each path would measure its own costs
+    graphed = SpeculativeDecoder(ad, config).generate(["a red circle", "a blue square"], seeds=[1, 2])
+    assert ad.graphs.enabled and ad.graphs.failed is None and ad.graphs.replays > 0
+    ad.decode_path, ad.cache = "eager", None
+    eager = SpeculativeDecoder(ad, config).generate(["a red circle", "a blue square"], seeds=[1, 2])
+    assert torch.equal(graphed.tokens, eager.tokens)
+
+
+def test_graphs_are_dropped_when_the_weights_move():
+    """ComfyUI moves a model off the GPU and back between runs: graphs captured on the
+    old addresses would read freed memory, so a decode checks where the weights are."""
+    from spec_ar.loaders.static_cache import CapturedForwards, weights_signature
+
+    layer = torch.nn.Linear(4, 4)
+    graphs = CapturedForwards(enabled=False)
+    graphs.check_weights(weights_signature(layer))
+    graphs.graphs["window"] = "a captured graph"
+    graphs.check_weights(weights_signature(layer))  # nothing moved
+    assert graphs.graphs
+    layer.to(torch.float64)  # new storage, as a move to another device and back gives
+    graphs.check_weights(weights_signature(layer))
+    assert not graphs.graphs
