@@ -79,7 +79,7 @@ def _render(args) -> int:
     if args.drafter and not config.drafts:
         raise ConfigError(f"--drafter drafts for the speculative modes, not --mode {args.mode}")
     model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device, args.dtype, args.width,
-                       args.height, offload=args.offload)
+                       args.height, offload=args.offload, decode_path=args.decode_path)
     dtype = model.storage.name
     for warning in model.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -186,6 +186,7 @@ def dtype_help() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """``spec-ar``'s parser; the subcommands in :data:`PASSTHROUGH` parse their own options."""
     from .loaders.offload import HELP as OFFLOAD_HELP
+    from .loaders.static_cache import DECODE_PATHS, HELP as PATH_HELP
     from .loaders.storage import STORAGES
     from .sampling.config import MODE_HELP
 
@@ -239,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when present)")
     render.add_argument("--dtype", choices=["auto", *STORAGES], default="auto", help=literal(dtype_help()))
     render.add_argument("--offload", action="store_true", help=literal(OFFLOAD_HELP))
+    render.add_argument("--decode-path", choices=DECODE_PATHS, default="auto", help=literal(PATH_HELP))
     render.add_argument("--out", default="out/render", help="output folder (default: out/render)")
     _config_args(render)
     render.set_defaults(run=_render)

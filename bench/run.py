@@ -126,7 +126,16 @@ def _speed_row(reports) -> dict:
             "engine_ms_per_forward": statistics.median(r.engine_time_s / r.nfe for r in reports) * 1e3,
             "draft_stability": float(np.mean([r.draft_stability for r in reports])),
             "memory_mb": max(r.memory_mb for r in reports),
-            "runs": len(reports)}
+            "runs": len(reports), **_window(reports)}
+
+
+def _window(reports) -> dict:
+    """The Jacobi window the runs used, and why where it was on auto (the last run's choice)."""
+    last = reports[-1]
+    if "window" not in last.settings or last.settings.get("mode") == "ar":
+        return {}
+    return {"window": last.settings["window"], **({"window_choice": last.window_choice} if last.window_choice
+                                                  else {})}
 
 
 def best_relaxed(results: dict) -> str | None:
@@ -198,7 +207,7 @@ def batch_speed(model, configs: dict[str, DecodeConfig], prompts, batch: int, re
     for label, reps in runs.items():
         lat = statistics.median(r[0].latency_s for r in reps)
         out[label] = {"batch": batch, "latency_median_s": lat, "images_per_s": batch / lat,
-                      "nfe": float(np.mean([x.nfe for r in reps for x in r]))}
+                      "nfe": float(np.mean([x.nfe for r in reps for x in r])), **_window(reps[-1])}
     if log:
         log(f"  batch {batch}: " + "  ".join(f"{k} {v['images_per_s']:.2f} img/s" for k, v in out.items()))
     return out
@@ -242,7 +251,7 @@ def run(args, log=print) -> dict:
                               f"(got {bad[0]!r})")
         prompts = [int(p) for p in prompts]
     model = load_model(args.model, args.vq, args.text_encoder, args.resolution, device=device, dtype=args.dtype,
-                       offload=args.offload)
+                       offload=args.offload, decode_path=args.decode_path)
     dtype = model.storage.name
     runs = [(m, DecodeConfig(mode=m)) for m in args.modes]
     for spec in args.sweep:
@@ -360,6 +369,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device")
     ap.add_argument("--dtype", default="auto", help="how the weights are stored, as spec-ar render --dtype")
     ap.add_argument("--offload", action="store_true", help="as spec-ar render --offload")
+    ap.add_argument("--decode-path", default="auto", help="as spec-ar render --decode-path")
     ap.add_argument("--out", default="out/bench")
     args = ap.parse_args(argv)
     from ..output_folders import writable_folder

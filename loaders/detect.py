@@ -14,6 +14,7 @@ from ..sampling.config import ConfigError
 from . import chameleon, embedded, emu3, janus, llamagen
 from .family import Detected, Family, LoadOptions, NotAModel
 from .offload import ACTIVE as OFFLOAD
+from .static_cache import resolve_path
 from .storage import STORAGES, check_available, checkpoint_files, choose, full_dtype
 
 #: detection order.  The folder families come first and LlamaGen last: it recognises a
@@ -69,9 +70,11 @@ def _needs() -> str:
 
 
 def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", dtype=torch.float32,
-               width=None, height=None, offload=False):
+               width=None, height=None, offload=False, decode_path="auto"):
     """Detect the family of ``path`` and load it as a :class:`~.base.LoadedModel`.  ``offload``: the
-    transformer's blocks stay in system memory and are streamed to the GPU as they run (``offload.py``)."""
+    transformer's blocks stay in system memory and are streamed to the GPU as they run (``offload.py``);
+    ``decode_path``: how its forwards run (``static_cache.DECODE_PATHS``)."""
+    resolve_path(decode_path, device)  # a bad name fails before loading
     if offload:
         check_offload(device)
     hit = detect(path)
@@ -97,7 +100,8 @@ def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", 
     finally:
         OFFLOAD.reset(token)
     loaded.info["offload"] = offload
-    return with_storage(loaded, chosen)
+    path = resolve_path(decode_path, device, capturable=not offload and chosen.name != "nf4")
+    return with_storage(loaded, chosen, path)
 
 
 def check_offload(device) -> None:
@@ -106,12 +110,14 @@ def check_offload(device) -> None:
                           "reads them where they are: load without offload")
 
 
-def with_storage(model, storage):
-    """``model`` (and the models its ``resize`` builds) marked with how its weights are stored."""
+def with_storage(model, storage, decode_path="eager"):
+    """``model`` (and the models its ``resize`` builds) marked with how its weights are stored
+    and set to run its forwards on ``decode_path``."""
     model.storage = storage
+    model.adapter.decode_path = model.info["decode_path"] = decode_path
     if model.resize is not None:
         resize = model.resize
-        model.resize = lambda res: with_storage(resize(res), storage)
+        model.resize = lambda res: with_storage(resize(res), storage, decode_path)
     return model
 
 

@@ -128,6 +128,18 @@ def offload_tooltip() -> str:
     return HELP[0].upper() + HELP[1:] + ". ComfyUI manages the rest of the model (embeddings, head, image models)."
 
 
+def decode_paths() -> list[str]:
+    from ..loaders.static_cache import DECODE_PATHS
+
+    return list(DECODE_PATHS)
+
+
+def decode_path_tooltip() -> str:
+    from ..loaders.static_cache import HELP
+
+    return HELP[0].upper() + HELP[1:] + "."
+
+
 #: torch layers that ComfyUI has castable ops for (same parameters; a forward that casts the weights in
 #: when its partial loading left them in system memory)
 CASTABLE = ("Linear", "Conv2d", "Embedding", "LayerNorm", "GroupNorm")
@@ -198,12 +210,15 @@ class LoadARImageModel(io.ComfyNode):
                                tooltip="auto: ComfyUI's device (the GPU when present); cpu forces the CPU."),
                 io.Combo.Input("dtype", options=dtypes(), default="auto", tooltip=dtype_tooltip()),
                 io.Boolean.Input("offload", default=False, optional=True, tooltip=offload_tooltip()),
+                io.Combo.Input("decode_path", options=decode_paths(), default="auto", optional=True,
+                               tooltip=decode_path_tooltip()),
             ],
             outputs=[ARModel.Output(display_name="model", tooltip="The loaded model, for the sampler.")],
         )
 
     @classmethod
-    def validate_inputs(cls, model=None, device=None, dtype=None, vq=None, text_encoder=None, offload=None):
+    def validate_inputs(cls, model=None, device=None, dtype=None, vq=None, text_encoder=None, offload=None,
+                        decode_path=None):
         for name, value, special in (("model", model, common.EMBEDDED), ("vq", vq, AUTO_VQ),
                                      ("text_encoder", text_encoder, NO_TEXT_ENCODER)):
             if value not in (None, special):
@@ -211,10 +226,12 @@ class LoadARImageModel(io.ComfyNode):
                     common.resolve_model(value, folders())
                 except FileNotFoundError as err:
                     return f"{name}: {err}"
-        return common.check_choices(device=(device, DEVICES), dtype=(dtype, dtypes()))
+        return common.check_choices(device=(device, DEVICES), dtype=(dtype, dtypes()),
+                                    decode_path=(decode_path, decode_paths()))
 
     @classmethod
-    def execute(cls, model, device, dtype, vq=AUTO_VQ, text_encoder=NO_TEXT_ENCODER, offload=False):
+    def execute(cls, model, device, dtype, vq=AUTO_VQ, text_encoder=NO_TEXT_ENCODER, offload=False,
+                decode_path="auto"):
         from ..loaders.detect import load_model
 
         dev = _device(device)
@@ -223,7 +240,8 @@ class LoadARImageModel(io.ComfyNode):
         t5 = None if text_encoder in (None, NO_TEXT_ENCODER) else str(common.resolve_model(text_encoder, folders()))
 
         def load():
-            loaded = load_model(path, vq_path, t5, None, dev, dtype, offload=bool(offload))
+            loaded = load_model(path, vq_path, t5, None, dev, dtype, offload=bool(offload),
+                                decode_path=decode_path or "auto")
             return loaded, _patcher(loaded, dev)
 
         return io.NodeOutput(ARModelHandle(*load(), path, reload=load))
