@@ -54,6 +54,7 @@ from .request import normalize_request
 from .schedule import make_schedule
 from .state import DecodeState, Sizes
 from .timing import Timer
+from . import window
 
 EXACT = ExactAcceptance()
 DENSE_RESIDUAL = 1 << 17  # CPU: window rows x vocabulary up to which every row's residual is drawn
@@ -111,6 +112,8 @@ class SpeculativeDecoder:
             config = replace(config, drafter=getattr(drafter, "name", "") or "draft model")
         elif config.drafter:
             raise ConfigError(f"the settings name a draft model ({config.drafter!r}) but none is attached")
+        # the window on auto (Jacobi drafts, not set): chosen per decode from this device's costs (window.py)
+        self.auto_window = drafter is None and config.window is None and config.mode != "ar"
         config = config.with_defaults(getattr(adapter, "sampling_defaults", {}))
         geometry = None
         vectors = adapter.token_vectors()
@@ -196,7 +199,8 @@ class SpeculativeDecoder:
         (estimates, before anything is allocated): the KV cache (the adapter's
         figure, 0 if it gives none) and the engine's state."""
         ad = self.adapter
-        state = state_bytes_per_image(Sizes.of(self.config, ad.layout), ad.vocab_size, ad.branches(self.guided),
+        widest = replace(self.config, window=max(window.CANDIDATES)) if self.auto_window else self.config
+        state = state_bytes_per_image(Sizes.of(widest, ad.layout), ad.vocab_size, ad.branches(self.guided),
                                       ad.layout.length, self.config.draft_coupling)
         negatives = None if negatives is None else list(negatives)
         cache = ad.cache_bytes_per_image(list(conditions), negatives, self.guided) or 0
@@ -221,14 +225,19 @@ class SpeculativeDecoder:
     def _run(self, conditions, negatives, seeds, callback):
         ad = self.adapter
         device = ad.device
-        st = DecodeState(ad, self.config, seeds, device, self.geometry)
         timer = Timer(device)
-        B, T = st.batch, st.length
+        B = len(seeds)
 
         timer.start()
         with timer.model():
             logits = ad.prefill(conditions, negatives, self.guided)
         check_shape("prefill", logits, (ad.branches(self.guided), B, ad.vocab_size))
+        config, choice = self.config, None
+        if self.auto_window:
+            choice = self._choose_window(B)
+            config = replace(config, window=choice.width)
+        st = DecodeState(ad, config, seeds, device, self.geometry)
+        T = st.length
         zero = torch.zeros(B, 1, dtype=torch.long, device=device)
         probs = self.pipeline(logits.unsqueeze(2), zero)  # [B, 1, V]
         u = rng.uniform(st.keys, 0, rng.VERIFY, zero, lanes=2)[..., 1:]
@@ -245,7 +254,7 @@ class SpeculativeDecoder:
             st.draft_end += 1
             st.host_draft_end = [1] * B
             if hasattr(self.drafter, "start"):
-                self.drafter.start(st, conditions, negatives, self.guided, self.config, timer)
+                self.drafter.start(st, conditions, negatives, self.guided, config, timer)
             self._extend(st)
         self._notify(callback, st)
 
@@ -265,8 +274,32 @@ class SpeculativeDecoder:
             check_ar(st)
         timer.stop()
         memory = self._memory_mb(st, timer)
-        return DecodeResult(st.seq[:, :T].clone(), build_reports(st, self.config, timer, memory, ad.device,
-                                                                 getattr(self.drafter, "name", "")))
+        reports = build_reports(st, config, timer, memory, ad.device, getattr(self.drafter, "name", ""),
+                                choice.reason if choice else "")
+        if choice is not None:  # what this decode accepted informs the next one's choice
+            tpf = sum(r.mean_accepted_length for r in reports) / len(reports)
+            self._window_profile()[("acceptance",) + self._acceptance_key()] = window.Acceptance(tpf, choice.width)
+        return DecodeResult(st.seq[:, :T].clone(), reports)
+
+    # -- the window on auto -------------------------------------------------------
+    def _window_profile(self) -> dict:
+        """What the adapter has measured for auto windows: forward costs by batch and
+        path, acceptance by drafting (kept on the adapter: one per loaded model)."""
+        return self.adapter.__dict__.setdefault("window_profile", {})
+
+    def _acceptance_key(self) -> tuple:
+        c = self.config
+        return (c.mode, c.rule, c.draft_coupling, c.init, c.verify_schedule)
+
+    def _choose_window(self, batch: int) -> "window.Choice":
+        ad, profile = self.adapter, self._window_profile()
+        key = ("costs", batch, self.guided, ad.decode_path, str(ad.device))
+        if key not in profile:
+            image_id = int(torch.nonzero(ad.layout.image_tokens)[0])
+            profile[key] = window.probe(ad, self.pipeline, batch, image_id)
+        acceptance = profile.get(("acceptance",) + self._acceptance_key(),
+                                 window.Acceptance(window.PRIOR, self.config.window))
+        return window.choose(profile[key], acceptance, self.config.window)
 
     def _memory_mb(self, st: DecodeState, timer: "Timer") -> float:
         if timer.cuda:

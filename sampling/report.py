@@ -45,6 +45,7 @@ class DecodeReport:
     settings: dict = field(default_factory=dict)
     drafter: str = ""  # the draft model, if one drafted (else Jacobi drafts)
     drafter_time_s: float = 0.0  # inside the draft model's calls
+    window_choice: str = ""  # why the window on auto is the width it is (sampling/window.py)
 
     def origin_counts(self) -> dict[str, int]:
         return {name: self.origins.count(code) for code, name in ORIGINS.items()}
@@ -59,7 +60,8 @@ class DecodeReport:
             drafts = f"drafts from {self.drafter} ({self.drafter_time_s * 1000:.0f} ms), "
         else:
             drafts = (f"{self.settings.get('draft_coupling', 'none')} coupling: drafts kept "
-                      f"{self.draft_stability:.0%}, ")
+                      f"{self.draft_stability:.0%}, window {self.settings.get('window')}"
+                      f"{' (auto)' if self.window_choice else ''}, ")
         return (
             f"{self.mode}: {self.tokens} tokens in {self.nfe} forwards "
             f"({self.tokens_per_forward:.2f} tokens/forward, MAL {self.mean_accepted_length:.2f}, {drafts}"
@@ -68,7 +70,8 @@ class DecodeReport:
         )
 
 
-def build_reports(st, config, timer, memory_mb: float, device, drafter: str = "") -> list[DecodeReport]:
+def build_reports(st, config, timer, memory_mb: float, device, drafter: str = "",
+                  window_choice: str = "") -> list[DecodeReport]:
     """Origins, counts and histograms, rebuilt from the step log."""
     B, T = st.batch, st.length
     device = st.seq.device
@@ -107,7 +110,7 @@ def build_reports(st, config, timer, memory_mb: float, device, drafter: str = ""
             step_kinds=kinds, latency_s=timer.total, model_time_s=timer.model_total,
             engine_time_s=timer.total - sum(timer.spent.values()), batch_size=B,
             device=str(device), memory_mb=memory_mb, settings=settings,
-            drafter=drafter, drafter_time_s=timer.spent["drafter"],
+            drafter=drafter, drafter_time_s=timer.spent["drafter"], window_choice=window_choice,
         )
         for b in range(B)
     ]

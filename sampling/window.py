@@ -1,0 +1,92 @@
+"""The Jacobi window on auto: the width that commits the most tokens per second here.
+
+A wider window commits more tokens per forward but costs more per forward; how
+much more depends on the device, the batch and the model.  On a GPU a forward
+reads the weights once whatever its width, so a window of 32 costs about what
+one token does; on a CPU a batch of 8 is compute-bound and every draft row costs
+its share.  So the engine measures, once per adapter, batch, guidance and decode
+path (:func:`probe`), what a forward and its processing cost at each
+:data:`CANDIDATES` width, and models the tokens a window of ``L`` drafts
+commits per forward as ``1 + e * (L / L0) ** SHAPE``: the tokens past the one
+every forward commits grow as a power of the width (Jacobi drafts deep in a
+window have been refined by more passes, so they fare better than one
+acceptance rate per draft would say).  ``SHAPE`` was measured on the embedded
+model (batch 8, coupled drafts: 1.63, 1.97, 2.52, 3.41, 4.86 and 5.61 tokens
+per forward at widths 1, 2, 4, 8, 16 and 24, slope 0.62 on a log-log plot);
+``e`` is fitted to the tokens per forward the adapter's earlier decodes
+committed at their width (:data:`PRIOR` before any).  It keeps the drafting's
+preset width unless another one is predicted :data:`GAIN` times faster, so
+the choice does not flip on noise.
+
+The choice depends on measured costs: images on auto are reproducible on one
+machine, and a set window makes them reproducible anywhere.
+"""
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import torch
+
+#: draft widths considered (a window of L drafts scores L + 1 tokens per forward)
+CANDIDATES = (1, 2, 4, 8, 16, 24, 32)
+#: how much faster (predicted) another width must be than the preset to replace it
+GAIN = 1.05
+#: how the tokens past the first grow with the width (see the module docstring)
+SHAPE = 0.62
+#: tokens per forward assumed at the preset width before the adapter has decoded anything
+PRIOR = 3.0
+
+
+class Choice(NamedTuple):
+    width: int
+    reason: str
+
+
+class Acceptance(NamedTuple):
+    """Tokens per forward observed at a width."""
+
+    tokens_per_forward: float
+    width: int
+
+    def at(self, width: int) -> float:
+        """Tokens per forward predicted at ``width``."""
+        extra = max(self.tokens_per_forward - 1.0, 0.0)
+        return 1.0 + extra * (width / self.width) ** SHAPE
+
+
+def choose(costs: dict[int, float], acceptance: Acceptance, preset: int) -> Choice:
+    """The width with the most predicted tokens per second; the preset unless another is
+    predicted :data:`GAIN` times faster.  ``costs``: seconds per forward by width."""
+    rate = {w: acceptance.at(w) / c for w, c in costs.items()}
+    best = max(rate, key=rate.get)
+    if preset in rate and rate[best] < GAIN * rate[preset]:
+        best = preset
+    ms = ", ".join(f"{w}: {1000 * c:.2f}" for w, c in sorted(costs.items()))
+    return Choice(best, f"window {best} on auto: {acceptance.at(best):.2f} tokens per forward of "
+                        f"{1000 * costs[best]:.2f} ms predicted, {rate[best] / 1000:.3f} tokens/ms (window {preset}: "
+                        f"{rate[preset] / 1000:.3f}); ms per forward by window here: {ms}")
+
+
+def probe(adapter, pipeline, batch: int, image_id: int, repeats: int = 2) -> dict[int, float]:
+    """Seconds per forward (and its processing) at each candidate width, on top of the
+    prefilled cache (rolled back after each): the least of ``repeats``."""
+    device = adapter.device
+    cuda = torch.device(device).type == "cuda"
+    costs = {}
+    for drafts in CANDIDATES:
+        L = drafts + 1
+        tokens = torch.full((batch, L), image_id, dtype=torch.long, device=device)
+        target = torch.arange(1, L + 1, device=device).expand(batch, -1)
+        best = float("inf")
+        for _ in range(repeats):
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            pipeline(adapter.forward(tokens), target)
+            if cuda:
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+            adapter.rollback([L] * batch)
+        costs[drafts] = best
+    return costs

@@ -1,0 +1,71 @@
+"""The window on auto: the width that commits the most tokens per second on the device
+at hand, from measured forward costs and observed acceptance; the report says why."""
+from __future__ import annotations
+
+import pytest
+
+from spec_ar.loaders.synthetic import SyntheticAdapter
+from spec_ar.sampling import DecodeConfig, SpeculativeDecoder, window
+from spec_ar.sampling.window import Acceptance, choose
+
+FLAT = {w: 0.010 for w in window.CANDIDATES}  # a memory-bound GPU: every width costs one read of the weights
+LINEAR = {w: 0.004 + 0.004 * (w + 1) for w in window.CANDIDATES}  # a compute-bound CPU batch: each row costs
+
+
+def test_a_memory_bound_device_keeps_a_wide_window():
+    choice = choose(FLAT, Acceptance(5.6, 24), preset=24)
+    assert choice.width >= 24
+    assert choice.reason.startswith(f"window {choice.width} on auto")
+
+
+def test_a_compute_bound_device_narrows_the_window():
+    assert choose(LINEAR, Acceptance(5.6, 24), preset=24).width <= 4
+
+
+def test_the_preset_stays_unless_another_width_is_clearly_faster():
+    nearly = {**FLAT, 32: 0.0115}  # 32 commits 16 % more per forward and costs 15 % more
+    assert choose(nearly, Acceptance(5.6, 24), preset=24).width == 24
+
+
+def test_acceptance_is_what_was_observed_at_its_width_and_grows_with_it():
+    a = Acceptance(4.0, 16)
+    assert a.at(16) == pytest.approx(4.0)
+    values = [a.at(w) for w in window.CANDIDATES]
+    assert values == sorted(values) and values[0] > 1.0
+    assert Acceptance(1.0, 16).at(32) == 1.0  # nothing accepted: nothing predicted
+
+
+@pytest.fixture()
+def model():
+    return SyntheticAdapter(codebook=64, rows=6, cols=6, end_of_line=True, sharpness=1.5, seed=1)
+
+
+def test_a_decode_on_auto_chooses_once_per_batch_and_reports_why(model, monkeypatch):
+    probes = []
+    real = window.probe
+    monkeypatch.setattr(window, "probe", lambda *a, **k: probes.append(a[2]) or real(*a, **k))
+    decoder = SpeculativeDecoder(model, DecodeConfig(mode="sjd"))
+    first = decoder.generate([0, 1], seeds=3).reports[0]
+    assert first.settings["window"] in window.CANDIDATES
+    assert first.window_choice.startswith(f"window {first.settings['window']} on auto")
+    assert "(auto)" in first.summary()
+    decoder.generate([0, 1], seeds=4)
+    decoder.generate([0], seeds=4)
+    assert probes == [2, 1]  # measured once per batch size, then kept with the model
+    profile = model.window_profile
+    assert any(k[0] == "acceptance" for k in profile)  # what the decode accepted informs the next choice
+
+
+def test_a_set_window_is_kept_and_nothing_is_measured(model, monkeypatch):
+    monkeypatch.setattr(window, "probe", lambda *a, **k: pytest.fail("probed a set window"))
+    report = SpeculativeDecoder(model, DecodeConfig(mode="sjd", window=5)).generate([0], seeds=1).reports[0]
+    assert report.settings["window"] == 5 and report.window_choice == ""
+
+
+def test_the_chosen_width_gives_the_tokens_of_that_width_set_by_hand(model, monkeypatch):
+    monkeypatch.setattr(window, "probe", lambda adapter, pipeline, batch, image_id: LINEAR)
+    auto = SpeculativeDecoder(model, DecodeConfig(mode="sjd")).generate([0, 1], seeds=7)
+    width = auto.reports[0].settings["window"]
+    assert width <= 4
+    by_hand = SpeculativeDecoder(model, DecodeConfig(mode="sjd", window=width)).generate([0, 1], seeds=7)
+    assert (auto.tokens == by_hand.tokens).all()
