@@ -4,7 +4,7 @@ embedded model's images per mode.
     spec-ar bench gpu [--models llamagen-xl janus-pro-7b lumina-mgpt-7b-768 emu3-gen] [--dtypes bfloat16]
                       [--widths 1 24 33] [--trees 60 120] [--forwards 10] [--context 0.5]
                       [--modes ar sjd gsd lantern vvs] [--images 3] [--scale 1.0] [--device cuda]
-                      [--work DIR] [--out out/bench-gpu]
+                      [--paths eager graphs] [--work DIR] [--out out/bench-gpu]
 
 1. **Bandwidth**: a bfloat16 matrix-vector product over matrices larger than the card's cache
    (median of timed products, rotating over several matrices): bytes of the matrix over the time.
@@ -18,10 +18,12 @@ embedded model's images per mode.
    stored weights of every layer the forward runs, found by hooks, plus the live KV cache) over
    the measured bandwidth.  Quantized ``--dtypes`` are made from the bfloat16 model on the device
    (their weights as stored, their peak while decoding, and their logits against bfloat16's).
-3. **The embedded model**: milliseconds per image for each mode at its defaults (batch 1, median
-   of ``--images`` images after one warm-up image), tokens per forward.
+3. **The embedded model**: milliseconds per image for each mode at its defaults (the window on
+   auto: the width it chose is printed) and ``--batches`` size (median of ``--images`` batches
+   after a warm-up one), tokens per forward.
 
-Everything runs eager today (the columns for CUDA graphs come with the static decode path).
+Each is timed on every ``--paths`` decode path (``loaders/static_cache.py``): eager, static shapes,
+or static shapes replayed as CUDA graphs (default: eager and graphs on CUDA).
 Prints the tables and writes ``results.json`` and ``report.md`` into ``--out``.  On a CPU, with
 ``--scale`` (widths and depths times it), it checks itself in a minute; its figures there say
 nothing about a GPU.
@@ -232,10 +234,15 @@ def _forwards(model, args, reference: dict | None, count: int | None = None) -> 
     image = int(ad.layout.image_positions().numel())
     fed = 0
     context = int(args.context * image)
+    graphs, path = getattr(ad, "graphs", None), ad.decode_path
+    if graphs is not None:  # the context goes in uncaptured and uncompiled: only the timed shapes are
+        graphs.enabled, ad.decode_path = False, "static" if path != "eager" else path
     while fed < context:  # the cache as it is halfway through an image (by default)
         step = min(256, context - fed)
         ad.forward(draw(step))
         fed += step
+    if graphs is not None:
+        graphs.enabled, ad.decode_path = path in ("graphs", "compiled") and torch.device(device).type == "cuda", path
     out = {"context_tokens": fed, "image_tokens": image}
     probe = draw(max(args.widths))
     logits = ad.forward(probe)[:, 0].float().cpu()  # [K, L, vocab]: the same tokens for every dtype
@@ -269,6 +276,9 @@ def _forwards(model, args, reference: dict | None, count: int | None = None) -> 
         out[f"tree{n}"] = statistics.median(times)
     if torch.device(device).type == "cuda":
         out["peak_allocated"] = torch.cuda.max_memory_allocated(device)
+    if graphs is not None and graphs.failed:
+        out["graphs_failed"] = graphs.failed
+    ad.decode_path, ad.cache = "eager", None  # the next path starts a cache of its own
     ad.release()
     if reference is not None:
         from .storage import compare
@@ -298,29 +308,36 @@ def host_link(device, nbytes: int = 2 ** 30, repeats: int = 5) -> dict:
 
 @torch.no_grad()
 def embedded_modes(args, log) -> list[dict]:
-    """The embedded model's ms per image and tokens per forward for each mode (defaults, batch 1)."""
+    """The embedded model's ms per image and tokens per forward for each mode at its defaults (the
+    window on auto), path and ``--batches`` size: the median of ``--images`` batches after a warm-up one."""
     from ..loaders.detect import load_model
     from ..sampling import DecodeConfig, SpeculativeDecoder
 
-    model = load_model("embedded", device=args.device, dtype="auto")
     prompt = "a red circle in the top left on a striped blue background"
     clock = Clock(args.device)
     rows = []
-    for mode in args.modes:
-        decoder = SpeculativeDecoder(model.adapter, DecodeConfig(mode=mode))
-        decoder.generate([prompt], seeds=0)  # warm-up
-        times, results = [], []
-        for seed in range(1, args.images + 1):
-            times.append(clock.time(lambda seed=seed: results.append(decoder.generate([prompt], seeds=seed))))
-        reports = [r.reports[0] for r in results]
-        ms = statistics.median(times)
-        tokens = reports[0].tokens
-        rows.append({"mode": mode, "ms_per_image": ms, "forwards": statistics.mean(r.nfe for r in reports),
-                     "tokens_per_forward": statistics.mean(r.tokens_per_forward for r in reports),
-                     "engine_ms_per_forward": statistics.mean(1000 * r.engine_time_s / r.nfe for r in reports),
-                     "ms_per_token": ms / tokens})
-        log(f"  embedded {mode:8s} {ms:8.1f} ms/image  {rows[-1]['forwards']:6.1f} forwards  "
-            f"{rows[-1]['ms_per_token']:.3f} ms/token")
+    for path in args.paths:
+        model = load_model("embedded", device=args.device, dtype="auto", decode_path=path)
+        for batch, mode in [(b, m) for b in args.batches for m in args.modes]:
+            decoder = SpeculativeDecoder(model.adapter, DecodeConfig(mode=mode))
+            decoder.generate([prompt] * batch, seeds=0)  # warm-up (and the auto window's costs)
+            times, results = [], []
+            for i in range(1, args.images + 1):
+                times.append(clock.time(lambda i=i: results.append(decoder.generate([prompt] * batch,
+                                                                                    seeds=i * batch))))
+            reports = [r.reports[0] for r in results]
+            ms = statistics.median(times) / batch
+            tokens = reports[0].tokens
+            rows.append({"mode": mode, "path": model.adapter.decode_path, "batch": batch, "ms_per_image": ms,
+                         "window": reports[-1].settings.get("window") if mode != "ar" else None,
+                         "window_choice": reports[-1].window_choice,
+                         "forwards": statistics.mean(r.nfe for r in reports),
+                         "tokens_per_forward": statistics.mean(r.tokens_per_forward for r in reports),
+                         "engine_ms_per_forward": statistics.mean(1000 * r.engine_time_s / r.nfe for r in reports),
+                         "ms_per_token": ms / tokens})
+            log(f"  embedded {mode:8s} {model.adapter.decode_path:8s} batch {batch:2d} {ms:8.1f} ms/image  "
+                f"{rows[-1]['forwards']:6.1f} forwards  {rows[-1]['ms_per_token']:.3f} ms/token  "
+                f"window {rows[-1]['window']}")
     return rows
 
 
@@ -336,9 +353,9 @@ def report(results: dict) -> str:
                         "the GPU): an offloaded row's floor counts its streamed blocks over it"]
     shapes = [f"w{w}" for w in results["widths"]] + [f"tree{n}" for n in results["trees"]]
     head = " | ".join(s.replace("w", "L=").replace("tree", "tree ") for s in shapes)
-    lines += [f"| model | dtype | weights read / forward | live KV | floor ms | {head} | L=1 / floor | "
+    lines += [f"| model | dtype | path | weights read / forward | live KV | floor ms | {head} | L=1 / floor | "
               f"L={results['widths'][-1]} / L=1 | peak | top-1 vs bf16 | KL |",
-              "|---" * (8 + len(shapes)) + "|"]
+              "|---" * (9 + len(shapes)) + "|"]
     for r in results["forwards"]:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['dtype']} | failed: {r['error']} |")
@@ -347,14 +364,16 @@ def report(results: dict) -> str:
         cells = " | ".join(f"{r[s]:.2f}" for s in shapes)
         w1, wl = r[f"w{results['widths'][0]}"], r[f"w{results['widths'][-1]}"]
         streamed = f" ({gb(r['streamed_bytes'])} streamed)" if r.get("streamed_bytes") else ""
-        lines.append(f"| {r['model']} | {r['dtype']} | {gb(r['weight_bytes_per_forward'])}{streamed} | "
+        path = r.get("path", "eager") + (" (capture failed)" if r.get("graphs_failed") else "")
+        lines.append(f"| {r['model']} | {r['dtype']} | {path} | {gb(r['weight_bytes_per_forward'])}{streamed} | "
                      f"{gb(r['live_kv_bytes'])} | {fl:.2f} | {cells} | {w1 / fl:.2f}x | {wl / w1:.2f}x | "
                      f"{gb(r['peak_allocated']) if 'peak_allocated' in r else '-'} | "
                      f"{r.get('top1_agreement', 1.0):.3f} | {r.get('kl_mean', 0.0):.4f} |")
     offloaded = (f" ({results['n_offload_forwards']} offloaded)"
                  if any("streamed_bytes" in r for r in results["forwards"]) else "")
     lines += ["", f"Forwards with guidance (2 rows), {results['context']:.0%} of the image's tokens cached; "
-              f"median of {results['n_forwards']}{offloaded} timed forwards after two warm-ups. Eager.", ""]
+              f"median of {results['n_forwards']}{offloaded} timed forwards after two warm-ups; path: how the "
+              "forwards ran (eager, static shapes, or static shapes replayed as CUDA graphs).", ""]
     if results.get("kernels"):
         lines += ["One 7B MLP projection (11008 x 4096, times --scale) stored each way:", "",
                   "| layer | rows | ms | floor ms (its bytes / bandwidth) |", "|---|---|---|---|"]
@@ -362,9 +381,10 @@ def report(results: dict) -> str:
                   for k in results["kernels"]]
         lines.append("")
     if results.get("embedded"):
-        lines += ["| embedded mode | ms / image | forwards | tokens / forward | ms / token | engine ms / forward |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {r['mode']} | {r['ms_per_image']:.1f} | {r['forwards']:.1f} | {r['tokens_per_forward']:.2f} | "
+        lines += ["| embedded mode | path | batch | window | ms / image | forwards | tokens / forward | ms / token | "
+                  "engine ms / forward |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r.get('path', 'eager')} | {r.get('batch', 1)} | {r.get('window') or '-'} | "
+                  f"{r['ms_per_image']:.1f} | {r['forwards']:.1f} | {r['tokens_per_forward']:.2f} | "
                   f"{r['ms_per_token']:.3f} | {r['engine_ms_per_forward']:.2f} |" for r in results["embedded"]]
         lines.append("")
     return "\n".join(lines)
@@ -373,6 +393,7 @@ def report(results: dict) -> str:
 def main(argv=None) -> int:
     from ..loaders.offload import HELP as OFFLOAD_HELP
     from ..loaders.offload import streams_of
+    from ..loaders.static_cache import CAPTURED
     from ..loaders.storage import STORAGES
 
     ap = argparse.ArgumentParser(prog="spec-ar bench gpu", description=__doc__,
@@ -385,18 +406,23 @@ def main(argv=None) -> int:
     ap.add_argument("--forwards", type=int, default=10, help="timed forwards per shape")
     ap.add_argument("--context", type=float, default=0.5, help="share of the image's tokens in the cache")
     ap.add_argument("--modes", nargs="*", default=["ar", "sjd", "gsd", "lantern", "vvs"])
-    ap.add_argument("--images", type=int, default=3, help="timed embedded images per mode")
+    ap.add_argument("--images", type=int, default=3, help="timed embedded batches per mode")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="embedded batch sizes")
     ap.add_argument("--scale", type=float, default=1.0, help="the models' widths and depths times this")
     ap.add_argument("--bandwidth-side", type=int, default=None, help="default: 16384 on CUDA, 2048 on CPU")
     ap.add_argument("--offload", action="store_true", help="also each dtype offloaded (but nf4): " + OFFLOAD_HELP)
     ap.add_argument("--offload-forwards", type=int, default=3, help="timed forwards per shape when offloaded")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--paths", nargs="+", choices=["eager", "static", "graphs", "compiled"], default=None,
+                    help="decode paths to time (default: eager and graphs on CUDA, eager and static elsewhere; "
+                         "offloaded rows run eager and static; compiled: after a torch.compile of each model)")
     ap.add_argument("--work", help="where the checkpoints are written (default: a temporary folder)")
     ap.add_argument("--out", default="out/bench-gpu")
     args = ap.parse_args(argv)
     if not 0 < args.context < 1:
         ap.error(f"--context must be between 0 and 1 (got {args.context})")
     cuda = torch.device(args.device).type == "cuda"
+    args.paths = args.paths or (["eager", "graphs"] if cuda else ["eager", "static"])
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -425,19 +451,27 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             path = write_model(name, pathlib.Path(work) / name, args.scale)
             reference = None
-            rows = [(d, False) for d in args.dtypes]
-            rows += [(d, True) for d in args.dtypes if args.offload and d != "nf4"]
-            for dtype, offloaded in rows:
-                row = {"model": name, "dtype": dtype + (" offloaded" if offloaded else "")}
+            rows = [(d, False, p) for d in args.dtypes for p in args.paths]
+            rows += [(d, True, p) for d in args.dtypes for p in args.paths
+                     if args.offload and d != "nf4" and p not in CAPTURED]
+            model, loaded_as = None, None
+            for dtype, offloaded, decode_path in rows:
+                row = {"model": name, "dtype": dtype + (" offloaded" if offloaded else ""), "path": decode_path}
                 try:
-                    model = load(path, args.device, dtype, offloaded=offloaded)
+                    if loaded_as != (dtype, offloaded):  # each path of a dtype runs on the same weights
+                        model = loaded_as = None
+                        gc.collect()
+                        model = load(path, args.device, dtype, offloaded=offloaded)
+                        loaded_as = (dtype, offloaded)
                     if offloaded:
                         row["streamed_bytes"] = sum(s.host_bytes() for m in model.modules.values()
                                                     if (s := streams_of(m)) is not None)
+                    nf4 = decode_path in CAPTURED and dtype == "nf4"  # bitsandbytes is not captured
+                    model.adapter.decode_path = "static" if nf4 else decode_path
+                    row["path"] = model.adapter.decode_path
                     row.update(forwards(model, args, reference, args.offload_forwards if offloaded else None))
                     link = (results.get("host_link") or {}).get("bytes_per_s")
                     row["floor_ms"] = floor_ms(row, bw["bytes_per_s"], link)
-                    del model
                 except Exception as err:  # one model's failure is a row, not the end of the run
                     row["error"] = f"{type(err).__name__}: {err}"[:300]
                 logits = row.pop("logits", None)
@@ -452,10 +486,12 @@ def main(argv=None) -> int:
                     continue
                 keys = [f"w{w}" for w in args.widths] + [f"tree{n}" for n in args.trees]
                 shapes = "  ".join(f"{k}={row[k]:.2f}" for k in keys)
-                log(f"{name} {row['dtype']}: floor {row['floor_ms']:.2f} ms "
+                log(f"{name} {row['dtype']} {row['path']}: floor {row['floor_ms']:.2f} ms "
                     f"({row['weight_bytes_per_forward'] / 1e9:.2f} GB weights + "
                     f"{row['live_kv_bytes'] / 1e9:.2f} GB KV)  {shapes}  "
                     f"({time.perf_counter() - t:.0f} s)")
+            model = None
+            gc.collect()
             for p in pathlib.Path(work, name).rglob("*"):  # before the next model's files
                 if p.is_file():
                     p.unlink()

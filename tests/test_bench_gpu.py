@@ -14,7 +14,7 @@ from spec_ar.sampling.tree import depths
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-gpu")
     argv = ["--device", "cpu", "--scale", "0.03", "--models", "llamagen-xl", "janus-pro-7b", "--dtypes", "bfloat16",
-            "int8", "--widths", "1", "3", "--trees", "5", "--forwards", "1", "--modes", "ar", "sjd", "--images", "1",
+            "int8", "--widths", "1", "3", "--trees", "5", "--forwards", "1", "--modes", "ar", "sjd", "--images", "1", "--batches", "1", "2",
             "--offload", "--out", str(out)]
     assert gpu.main(argv) == 0
     return json.loads((out / "results.json").read_text()), (out / "report.md").read_text()
@@ -24,14 +24,17 @@ def test_every_model_and_dtype_is_timed_at_every_shape_beside_its_floor(run):
     results, _ = run
     rows = results["forwards"]
     dtypes = ["bfloat16", "int8", "bfloat16 offloaded", "int8 offloaded"]
-    assert [(r["model"], r["dtype"]) for r in rows] == [(m, d) for m in ("llamagen-xl", "janus-pro-7b") for d in dtypes]
+    assert [(r["model"], r["dtype"], r["path"]) for r in rows] == [
+        (m, d, p) for m in ("llamagen-xl", "janus-pro-7b") for d in dtypes for p in ("eager", "static")]
+    for eager, static in zip(rows[::2], rows[1::2]):  # padded windows and bucketed keys: the same model outputs
+        assert static["top1_agreement"] == eager.get("top1_agreement", 1.0)
     for r in rows:
         assert "error" not in r, r
         assert all(r[k] > 0 for k in ("w1", "w3", "tree5", "floor_ms", "live_kv_bytes", "weight_bytes_per_forward"))
         assert r["floor_ms"] == pytest.approx((r["weight_bytes_per_forward"] + r["live_kv_bytes"])
                                               / results["bandwidth"]["bytes_per_s"] * 1000)
         assert r["context_tokens"] == r["image_tokens"] // 2
-    bf16, int8, bf16_offloaded, int8_offloaded = rows[4:]
+    bf16, int8, bf16_offloaded, int8_offloaded = rows[8::2]
     assert int8["weight_bytes_per_forward"] < bf16["weight_bytes_per_forward"]  # the quantized blocks read less
     assert int8["top1_agreement"] > 0 and int8["kl_mean"] >= 0
     # offloaded: the same model, its blocks streamed (their bytes counted), the very logits of the resident one
@@ -45,14 +48,16 @@ def test_the_report_prints_bandwidth_forwards_layers_and_the_embedded_modes(run)
     results, text = run
     assert text.startswith("# GPU bench on CPU")
     assert f"Bandwidth: {results['bandwidth']['bytes_per_s'] / 1e9:.0f} GB/s" in text
-    assert "| model | dtype | weights read / forward | live KV | floor ms | L=1 | L=3 | tree 5 |" in text
-    assert "| janus-pro-7b | int8 |" in text
+    assert "| model | dtype | path | weights read / forward | live KV | floor ms | L=1 | L=3 | tree 5 |" in text
+    assert "| janus-pro-7b | int8 | eager |" in text and "| janus-pro-7b | int8 | static |" in text
     assert {k["dtype"] for k in results["kernels"]} == {"bfloat16", "int8"}
-    assert [r["mode"] for r in results["embedded"]] == ["ar", "sjd"]
-    ar, sjd = results["embedded"]
-    assert ar["forwards"] == 256 and ar["tokens_per_forward"] == 1.0
+    assert [(r["path"], r["batch"], r["mode"]) for r in results["embedded"]] == [
+        (p, b, m) for p in ("eager", "static") for b in (1, 2) for m in ("ar", "sjd")]
+    ar, sjd = results["embedded"][:2]
+    assert ar["forwards"] == 256 and ar["tokens_per_forward"] == 1.0 and ar["window"] is None
     assert sjd["forwards"] < ar["forwards"]
-    assert "| sjd |" in text
+    assert sjd["window_choice"].startswith(f"window {sjd['window']} on auto")
+    assert "| sjd | eager | 1 |" in text and "| sjd | static | 2 |" in text
 
 
 def test_the_floor_counts_only_the_layers_a_forward_runs(tmp_path):
