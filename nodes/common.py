@@ -262,6 +262,18 @@ def prompt_list(text: str, file: str | None = None, folder: str | None = None) -
     return read_prompts(pathlib.Path(folder) / file, f"file {file!r}")
 
 
+def shard(lines: list[str], index: int, count: int) -> list[str]:
+    """Part ``index`` of ``count`` contiguous, near-equal parts of ``lines`` (in order), so that
+    ``count`` machines (ComfyUI-Distributed's workers) render a prompt list together."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"shards must be an integer >= 1 (got {_short(count)!r})")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        raise ValueError(f"shard must be an integer from 0 to shards - 1 = {count - 1} (got {_short(index)!r})")
+    size, extra = divmod(len(lines), count)
+    start = index * size + min(index, extra)
+    return lines[start:start + size + (index < extra)]
+
+
 @dataclass
 class PreviewThrottle:
     """Allows a preview only when one more (at the average cost so far) keeps all

@@ -33,6 +33,12 @@ class PromptList(io.ComfyNode):
                                 tooltip="One prompt per line."),
                 io.Combo.Input("file", options=[NO_FILE] + _input_files(), default=NO_FILE,
                                tooltip="Or a .txt file in ComfyUI's input folder, one prompt per line."),
+                io.Int.Input("shard", default=0, min=0, max=4096, optional=True,
+                             tooltip="Which part of the list this queue entry renders (0 to shards - 1): "
+                                     "give each machine of a ComfyUI-Distributed run its own."),
+                io.Int.Input("shards", default=1, min=1, max=4096, optional=True,
+                             tooltip="Into how many contiguous, near-equal parts the list is split (1: the "
+                                     "whole list)."),
             ],
             outputs=[io.String.Output(display_name="prompt", is_output_list=True,
                                       tooltip="Each prompt in turn (a list: downstream nodes run once per prompt)."),
@@ -40,8 +46,20 @@ class PromptList(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, prompts, file=NO_FILE):
+    def validate_inputs(cls, prompts=None, file=None, shard=0, shards=1):
+        try:
+            common.shard([], 0 if shard is None else shard, 1 if shards is None else shards)
+        except ValueError as err:
+            return str(err)
+        return True
+
+    @classmethod
+    def execute(cls, prompts, file=NO_FILE, shard=0, shards=1):
         import folder_paths
 
-        lines = common.prompt_list(prompts, file, folder_paths.get_input_directory())
+        every = common.prompt_list(prompts, file, folder_paths.get_input_directory())
+        lines = common.shard(every, shard, shards)
+        if not lines:
+            raise ValueError(f"shard {shard} of {shards} holds no prompts: the list has {len(every)}; use at most "
+                             f"{len(every)} shards")
         return io.NodeOutput(lines, len(lines))

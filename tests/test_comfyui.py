@@ -187,6 +187,13 @@ def test_prompt_list_renders_every_prompt_in_one_queue_entry(server):
     assert table.count("| gsd G=10 delta=0.15 |") == 3 and "a green triangle in the center" in table
 
 
+def test_a_prompt_list_shard_renders_its_part_for_a_distributed_run(server):
+    entry = server.run(_with("embedded_prompt_list", "SpecAR_PromptList", shard=1, shards=2))
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    assert len([i for i in _outputs(entry, "images") if i["type"] == "output"]) == 1  # 3 prompts: parts of 2 and 1
+    assert "a blue square in the bottom right" in "".join(_outputs(entry, "text"))
+
+
 def test_mode_comparison_graph_tabulates_and_plots(server):
     entry = server.run(_api("embedded_mode_comparison"))
     assert entry["status"]["status_str"] == "success", _failure(entry)
@@ -260,6 +267,7 @@ HOSTILE = [  # (what is posted, where it is refused, what the message must name)
            dtype="float16", device="cpu"), "run", "NaN or infinity"),
     (_with("embedded_t2i_sjd", "SpecAR_Sampler", prompt="a red circle " + "very " * 2000), "run", "characters"),
     (_with("embedded_t2i_sjd", "SpecAR_Sampler", batch_size=2, seed=2**63 - 1), "ok", None),
+    (_with("embedded_prompt_list", "SpecAR_PromptList", shard=2, shards=2), "queue", "shard"),
     (_with("embedded_prompt_list", "SpecAR_PromptList", file="latin1.txt"), "run", "not UTF-8"),
     (_with("embedded_prompt_list", "SpecAR_PromptList", file="../../etc/passwd"), "run", "file"),
 ]

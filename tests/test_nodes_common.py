@@ -134,6 +134,19 @@ def test_prompt_lists(tmp_path):
             common.prompt_list("", name, str(tmp_path))
 
 
+def test_shards_split_a_prompt_list_into_contiguous_near_equal_parts():
+    lines = [f"prompt {i}" for i in range(10)]
+    parts = [common.shard(lines, i, 3) for i in range(3)]
+    assert [len(p) for p in parts] == [4, 3, 3] and sum(parts, []) == lines  # every prompt once, in order
+    assert common.shard(lines, 0, 1) == lines
+    assert common.shard(lines[:2], 2, 3) == []  # more shards than prompts: the node says so
+    for index, count, message in ((3, 3, "shard must be an integer from 0 to shards - 1 = 2"),
+                                  (-1, 3, "shard must be"), (0, 0, "shards must be an integer >= 1"),
+                                  (True, 2, "shard must be")):
+        with pytest.raises(ValueError, match=message):
+            common.shard(lines, index, count)
+
+
 def test_preview_throttle_keeps_previews_under_budget():
     assert not common.PreviewThrottle(first=2.0).due()  # nothing in the first seconds
     throttle = common.PreviewThrottle(budget=0.05, interval=0.0, first=0.5, start=time.perf_counter() - 1.0)
