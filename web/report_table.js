@@ -1,10 +1,10 @@
 // Speculative AR Report Table: show the table the node returns, in the node.
 //
 // The server sends the markdown table as the node's "text" output; the page has no
-// generic place for a custom node's text, so a read-only text box shows it.  The
-// box is not saved in the workflow (serialize = false): a run fills it again.
+// generic place for a custom node's text, so a read-only text box (a DOM widget, the
+// extension API's own kind) shows it.  The box is not saved in the workflow
+// (serialize = false): a run fills it again.
 import { app } from "../../scripts/app.js";
-import { ComfyWidgets } from "../../scripts/widgets.js";
 
 const NODE = "SpecAR_ReportTable";
 const BOX = "table_text";
@@ -12,16 +12,19 @@ const BOX = "table_text";
 function show(node, text) {
   let box = node.widgets?.find((w) => w.name === BOX);
   if (!box) {
-    box = ComfyWidgets.STRING(node, BOX, ["STRING", { multiline: true }], app).widget;
+    const area = document.createElement("textarea");
+    area.readOnly = true;
+    Object.assign(area.style, { fontFamily: "monospace", fontSize: "11px", whiteSpace: "pre", width: "100%",
+                                boxSizing: "border-box", resize: "none" });
+    box = node.addDOMWidget(BOX, "specar_table", area, {
+      getValue: () => area.value,
+      setValue: (value) => { area.value = value; },
+      getMinHeight: () => 120,
+    });
     box.serialize = false;
-    if (box.inputEl) {
-      box.inputEl.readOnly = true;
-      box.inputEl.style.fontFamily = "monospace";
-      box.inputEl.style.fontSize = "11px";
-      box.inputEl.style.whiteSpace = "pre";
-    }
+    box.inputEl = area;
   }
-  box.value = text;
+  box.inputEl.value = text;
   const [width, height] = node.computeSize();
   node.setSize([Math.max(node.size[0], width), Math.max(node.size[1], height)]);
   node.setDirtyCanvas?.(true, true);

@@ -16,7 +16,7 @@ function widget(node, name) {
 
 function linked(node, name) {
   // a widget fed by a link stays visible: the link shows where its value comes from
-  return node.inputs?.some((i) => i.widget?.name === name && i.link != null);
+  return node.inputs?.some((i, slot) => i.widget?.name === name && node.isInputConnected(slot));
 }
 
 // Frontend 1.3x skips hidden widgets when it draws and sizes a node, but still
@@ -39,7 +39,7 @@ function refresh(node, table) {
   const mode = widget(node, "mode")?.value;
   const schedule = widget(node, table.schedule)?.value;
   // a linked draft model replaces Jacobi drafting: its depth shows, the window and init hide
-  const drafted = node.inputs?.some((i) => i.name === table.drafter_input && i.link != null);
+  const drafted = node.inputs?.some((i, slot) => i.name === table.drafter_input && node.isInputConnected(slot));
   const byMode = drafted ? table.drafted[widget(node, table.tree)?.value] : table.visible;
   const shown = byMode?.[mode]?.[schedule] ?? table.knobs;  // an unknown mode: hide nothing
   const family = widget(node, table.switch)?.value === true;
