@@ -125,6 +125,28 @@ def _png(image) -> bytes:
     return buf.getvalue()
 
 
+def _download(args) -> int:
+    import pathlib
+
+    from .loaders import downloads
+
+    root = pathlib.Path(args.to) if args.to else downloads.default_root()
+    if args.list or not args.name:
+        have = downloads.present(root)
+        for r in downloads.RELEASES.values():
+            print(f"{r.name:22s} {'on disk' if r.name in have else '-':8s} {r.what}")
+        return 0 if args.list else 2
+
+    def progress(done, total):
+        if total:
+            print(f"\r{args.name}: {done / 2**20:.1f} of {total / 2**20:.1f} MB", end="", file=sys.stderr)
+
+    folder = downloads.download(args.name, root, endpoint=args.endpoint, progress=progress)
+    print(f"\n{folder}", file=sys.stderr)
+    print(folder)
+    return 0
+
+
 def _queue(args) -> int:
     from .queue_client import main as queue
 
@@ -138,6 +160,7 @@ PASSTHROUGH = {"train-embedded": _train_embedded, "train-drafter": _train_drafte
 
 #: errors that are about the user's input: printed as one line, exit status 2
 USER_ERRORS = ("ConfigError", "CheckpointError", "PromptFileError", "OutputError", "NonFiniteError", "QueueError",
+               "DownloadError",
                "FileNotFoundError", "ValueError", "UnicodeDecodeError", "IsADirectoryError", "NotADirectoryError",
                "PermissionError")
 
@@ -216,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("queue", help="render a prompt list through running ComfyUI servers", add_help=False)
     q.add_argument("rest", nargs=argparse.REMAINDER)
     q.set_defaults(run=_queue)
+    dl = sub.add_parser("download", help="fetch a known release from the Hugging Face hub into the model folder")
+    dl.add_argument("name", nargs="?", help="the release (spec-ar download --list names them)")
+    dl.add_argument("--list", action="store_true", help="the known releases, and which are on disk")
+    dl.add_argument("--to", help="the model folder (default: ComfyUI's models/spec_ar when the pack sits in "
+                                 "custom_nodes, else ./models/spec_ar; SPEC_AR_MODELS overrides)")
+    dl.add_argument("--endpoint", help="another hub than huggingface.co (default: HF_ENDPOINT or the hub)")
+    dl.set_defaults(run=_download)
     render = sub.add_parser("render", help="render images with a model file or folder (the family is detected)")
     render.add_argument("--model", required=True, help="checkpoint file or model folder")
     render.add_argument("--vq", help="VQ tokenizer: LlamaGen's file (found beside the GPT if there is one), or the "

@@ -60,7 +60,9 @@ def list_models(folders: list[str], depth: int = LIST_DEPTH, entries: int = LIST
                 found.add(rel.as_posix())
                 dirs[:] = []  # a model folder's own files are not separate models
                 continue
-            dirs[:] = [d for d in dirs if not d.startswith(".")] if len(rel.parts) < depth else []
+            # hidden folders, and downloads still under way (loaders/downloads.py), are no models
+            dirs[:] = ([d for d in dirs if not d.startswith(".") and not d.endswith(".partial")]
+                       if len(rel.parts) < depth else [])
             found.update((rel / f).as_posix() for f in files if f.lower().endswith(MODEL_SUFFIXES))
     return sorted(found)
 

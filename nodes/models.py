@@ -187,12 +187,42 @@ def _patcher(loaded, device):
     return comfy.model_patcher.ModelPatcher(modules, load_device=device, offload_device=mm.unet_offload_device())
 
 
+def download_root():
+    """Where releases are downloaded: the first spec_ar model folder (ComfyUI's models/spec_ar)."""
+    paths = folders()
+    return paths[0] if paths else None
+
+
+def fetched(value: str):
+    """The folder of a ``download: NAME`` choice, fetched now if it is not on disk (with
+    ComfyUI's progress bar, in MB); None for any other value."""
+    from ..loaders import downloads
+
+    if not isinstance(value, str) or not value.startswith(downloads.PREFIX):
+        return None
+    import comfy.utils
+
+    bar = {}
+
+    def progress(done, total):
+        if total:
+            if "bar" not in bar:
+                bar["bar"] = comfy.utils.ProgressBar(max(1, total // 2**20))
+            bar["bar"].update_absolute(done // 2**20, max(1, total // 2**20))
+
+    return downloads.download(value, download_root(), progress=progress)
+
+
 class LoadARImageModel(io.ComfyNode):
     @classmethod
     def define_schema(cls):
-        models = [common.EMBEDDED] + common.list_models(folders())
+        from ..loaders import downloads
+
+        root = download_root()
+        models = [common.EMBEDDED] + common.list_models(folders()) + (downloads.missing(root) if root else [])
         vqs = [AUTO_VQ] + [m for m in common.list_models(folders()) if "vq" in m.lower()]
-        texts = [NO_TEXT_ENCODER] + [m for m in common.list_models(folders()) if "t5" in m.lower()]
+        texts = [NO_TEXT_ENCODER] + [m for m in common.list_models(folders()) if "t5" in m.lower()] + (
+            downloads.missing(root, text_encoders=True) if root else [])
         return io.Schema(
             node_id="SpecAR_LoadModel", display_name="Load AR Image Model", category="SpeculativeAR",
             description="Loads an autoregressive image model (LlamaGen, Janus / Janus-Pro, or the embedded demo "
@@ -200,12 +230,16 @@ class LoadARImageModel(io.ComfyNode):
             inputs=[
                 io.Combo.Input("model", options=models, default=common.EMBEDDED,
                                tooltip="A checkpoint file or model folder in models/spec_ar (or a path set for "
-                                       "'spec_ar' in extra_model_paths.yaml), or the embedded demo model."),
+                                       "'spec_ar' in extra_model_paths.yaml), the embedded demo model, or a known "
+                                       "release not on disk yet ('download: ...'): it is fetched from the Hugging "
+                                       "Face hub into models/spec_ar/<name>/ on first use, with progress, and "
+                                       "checked before it is used."),
                 io.Combo.Input("vq", options=vqs, default=AUTO_VQ, optional=True,
                                tooltip="LlamaGen's VQ tokenizer file (vq_ds16_*.pt). 'auto' takes the family's "
                                        "built-in decoder or a VQ file in the same folder as the model."),
                 io.Combo.Input("text_encoder", options=texts, default=NO_TEXT_ENCODER, optional=True,
-                               tooltip="LlamaGen text-to-image: a folder holding a copy of google/flan-t5-xl."),
+                               tooltip="LlamaGen text-to-image: a folder holding a copy of google/flan-t5-xl "
+                                       "('download: flan-t5-xl' fetches it on first use)."),
                 io.Combo.Input("device", options=DEVICES, default="auto",
                                tooltip="auto: ComfyUI's device (the GPU when present); cpu forces the CPU."),
                 io.Combo.Input("dtype", options=dtypes(), default="auto", tooltip=dtype_tooltip()),
@@ -219,8 +253,14 @@ class LoadARImageModel(io.ComfyNode):
     @classmethod
     def validate_inputs(cls, model=None, device=None, dtype=None, vq=None, text_encoder=None, offload=None,
                         decode_path=None):
+        from ..loaders import downloads
+
         for name, value, special in (("model", model, common.EMBEDDED), ("vq", vq, AUTO_VQ),
                                      ("text_encoder", text_encoder, NO_TEXT_ENCODER)):
+            if isinstance(value, str) and value.startswith(downloads.PREFIX) and name != "vq":
+                if downloads.release_of(value) is None:
+                    return f"{name}: {value!r} is not a known release ({', '.join(downloads.RELEASES)})"
+                continue
             if value not in (None, special):
                 try:
                     common.resolve_model(value, folders())
@@ -235,9 +275,10 @@ class LoadARImageModel(io.ComfyNode):
         from ..loaders.detect import load_model
 
         dev = _device(device)
-        path = "embedded" if model == common.EMBEDDED else str(common.resolve_model(model, folders()))
+        path = "embedded" if model == common.EMBEDDED else str(fetched(model) or common.resolve_model(model, folders()))
         vq_path = None if vq in (None, AUTO_VQ) else str(common.resolve_model(vq, folders()))
-        t5 = None if text_encoder in (None, NO_TEXT_ENCODER) else str(common.resolve_model(text_encoder, folders()))
+        t5 = None if text_encoder in (None, NO_TEXT_ENCODER) else str(
+            fetched(text_encoder) or common.resolve_model(text_encoder, folders()))
 
         def load():
             loaded = load_model(path, vq_path, t5, None, dev, dtype, offload=bool(offload),

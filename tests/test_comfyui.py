@@ -65,7 +65,33 @@ def _family_weights(models: pathlib.Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def hub(tmp_path_factory):
+    """A local stand-in for the Hugging Face hub holding a tiny LlamaGen-B release, which the
+    server reaches through HF_ENDPOINT (the loader's 'download: ...' choices)."""
+    import os
+
+    from .fake_hub import FakeHub
+
+    d = tmp_path_factory.mktemp("hub")
+    gpt = ck.write_gpt(d / "c2i_B_256.pt", ck.random_gpt(ck.tiny_gpt_spec("c2i"), seed=5))
+    vq = ck.write_vq(d / "vq_ds16_c2i.pt")
+    saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_HOME", "HF_TOKEN")}
+    with FakeHub({"FoundationVision/LlamaGen": {"c2i_B_256.pt": gpt.read_bytes(),
+                                                "vq_ds16_c2i.pt": vq.read_bytes()}}) as fake:
+        os.environ.update(HF_ENDPOINT=fake.url, HF_HOME=str(d / "hf-home"))
+        os.environ.pop("HF_TOKEN", None)
+        try:
+            yield fake
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, hub):
     base = tmp_path_factory.mktemp("comfyui")
     models = base / "spec_ar_models"
     _family_weights(models)
@@ -111,6 +137,11 @@ def test_pack_registers_its_nodes_with_tooltips(server, object_info):
     models = object_info["SpecAR_LoadModel"]["input"]["required"]["model"][1]["options"]
     assert models[0].startswith("embedded") and "Janus-Pro-7B" in models  # the folder set in extra_model_paths
     assert "llamagen/c2i_XL_384.pt" in models
+    # known releases not on disk are offered for download; those on disk are not
+    assert "download: LlamaGen-c2i-B-256" in models and "download: Janus-Pro-7B" not in models
+    texts = object_info["SpecAR_LoadModel"]["input"]["optional"]["text_encoder"][1]["options"]
+    assert "flan-t5-xl" in texts and "download: flan-t5-xl" not in texts + models  # on disk here
+    assert not any(t.startswith("download: ") for t in texts)  # no image model among the text encoders
     assert object_info["SpecAR_PromptList"]["output_is_list"] == [True, False]
 
 
@@ -233,6 +264,21 @@ def test_family_workflows_run_once_weights_are_in_the_model_folder(server, name)
     entry = server.run(workflow)
     assert entry["status"]["status_str"] == "success", _failure(entry)
     assert len([i for i in _outputs(entry, "images") if i["type"] == "output"]) == 1
+
+
+def test_a_release_not_on_disk_is_downloaded_on_first_use_and_renders(server, hub):
+    workflow = _with("llamagen_c2i", "SpecAR_LoadModel", model="download: LlamaGen-c2i-B-256",
+                     vq="auto (built-in, or beside the model)")
+    sampler = next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")
+    sampler["inputs"].update(prompt="3", k=300, resolution="model default")
+    entry = server.run(workflow)
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    assert len([i for i in _outputs(entry, "images") if i["type"] == "output"]) == 1
+    fetched = [m for m, p, _ in hub.requests if p.endswith("/c2i_B_256.pt") and m == "GET"]
+    assert fetched, hub.requests
+    asked = len(hub.requests)
+    assert server.run(workflow)["status"]["status_str"] == "success"  # on disk now: the hub is not asked again
+    assert len(hub.requests) == asked
 
 
 def test_bad_input_gets_one_clear_error_and_the_server_keeps_serving(server):
@@ -444,7 +490,7 @@ from spec_ar.nodes.models import _patcher, buffers_to
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 
 def tokens(model):
-    return SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd")).generate(["a red circle"], seeds=5).tokens
+    return SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", window=24)).generate(["a red circle"], seeds=5).tokens
 
 model = load_model("embedded", device="cpu", dtype="float32")
 before = tokens(model)
