@@ -143,7 +143,7 @@ class DecodeConfig:
         None, symbol="L", label="window", uses=("jacobi",), lo=1, hi=256, step=1, optional=True,
         unset="auto: the width that commits the most tokens per second on this device, from forward costs "
               "measured once per model and batch; 24 with coupled drafts and 16 without (SJD's) unless another "
-              "is predicted 5 % faster",
+              "is predicted 15 % faster",
         help="draft tokens scored per forward (SJD's independent drafts gain little past 16; coupled ones keep "
              "gaining to 32, which costs about 11 % more engine time per forward than SJD's window against 4 % at "
              "24 for 1 % more tokens per forward)")
@@ -158,7 +158,7 @@ class DecodeConfig:
         help="how a position's draft is drawn again after a pass: coupled with its previous draft so it changes "
              "only as much as its distribution did (maximal, the default, or gumbel: MC-SJD), or independently "
              "(none: SJD as published, with window and init on auto its window 16, unless this device is predicted "
-             "5 % faster at another, and random init); every "
+             "15 % faster at another, and random init); every "
              "choice is lossless")
     # a draft model (a sibling or a draft head); ``drafter`` names it and is set by the
     # engine when one is attached (None: Jacobi self-drafting)

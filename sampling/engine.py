@@ -276,30 +276,21 @@ class SpeculativeDecoder:
         memory = self._memory_mb(st, timer)
         reports = build_reports(st, config, timer, memory, ad.device, getattr(self.drafter, "name", ""),
                                 choice.reason if choice else "")
-        if choice is not None:  # what this decode accepted informs the next one's choice
-            tpf = sum(r.mean_accepted_length for r in reports) / len(reports)
-            self._window_profile()[("acceptance",) + self._acceptance_key()] = window.Acceptance(tpf, choice.width)
         return DecodeResult(st.seq[:, :T].clone(), reports)
 
     # -- the window on auto -------------------------------------------------------
-    def _window_profile(self) -> dict:
-        """What the adapter has measured for auto windows: forward costs by batch and
-        path, acceptance by drafting (kept on the adapter: one per loaded model)."""
-        return self.adapter.__dict__.setdefault("window_profile", {})
-
-    def _acceptance_key(self) -> tuple:
-        c = self.config
-        return (c.mode, c.rule, c.draft_coupling, c.init, c.verify_schedule)
-
     def _choose_window(self, batch: int) -> "window.Choice":
-        ad, profile = self.adapter, self._window_profile()
+        """The window on auto for this batch: forward costs measured once per adapter, batch,
+        guidance, decode path and device, and kept on the adapter (one per loaded model)."""
+        ad = self.adapter
+        profile = ad.__dict__.setdefault("window_profile", {})
         key = ("costs", batch, self.guided, ad.decode_path, str(ad.device))
         if key not in profile:
             image_id = int(torch.nonzero(ad.layout.image_tokens)[0])
             profile[key] = window.probe(ad, self.pipeline, batch, image_id)
-        acceptance = profile.get(("acceptance",) + self._acceptance_key(),
-                                 window.Acceptance(window.PRIOR, self.config.window))
-        return window.choose(profile[key], acceptance, self.config.window)
+        drafting = "independent" if self.config.draft_coupling == "none" else "coupled"
+        return window.choose(profile[key], window.Acceptance(window.PRIOR[drafting], self.config.window),
+                             self.config.window)
 
     def _memory_mb(self, st: DecodeState, timer: "Timer") -> float:
         if timer.cuda:
