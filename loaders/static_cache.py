@@ -39,7 +39,9 @@ HELP = ("how forwards run: eager (shapes as they come), static (a KV cache alloc
         "time; CUDA only, offloaded and nf4 models run static), compiled (graphs of forwards that torch.compile "
         "fused first: fewer, larger kernels, after a compile of a minute or two per model; the same distribution, "
         "but fused arithmetic rounds differently, so a seed's image can differ), auto (graphs on CUDA, eager "
-        "elsewhere; default). eager, static and graphs give the same tokens")
+        "elsewhere; default). eager, static and graphs give the same tokens. graphs and compiled keep the KV "
+        "cache and the graphs allocated between runs, for the next one (the sampler's unload_after_run frees "
+        "them with the model)")
 
 #: cache entries per key bucket on the static path (a 7B model at 384 px: 3 buckets)
 BUCKET = 256
