@@ -40,9 +40,12 @@ from .state import DecodeState
 
 
 class HeadDrafts:
-    """Draft source running ``head`` (``loaders/draft_head.py``: ``spec``, ``name``,
-    ``new_cache(rows, positions)``, ``step(tokens, features, cache)``) on a target's
-    features."""
+    """Draft source running ``head`` on a target's features.  A head (``loaders/draft_head.py``)
+    provides ``spec`` and ``name``; ``new_cache(rows, positions, prompt=0)``, a cache with
+    ``host_length`` (its rows' lengths, a host list) and ``advance(n)`` (add ``n[row]``
+    positions, negative to roll back); ``step(tokens, features, cache)`` for chains;
+    and, for draft trees, ``step_tree(tokens, features, depth, within, start, cache)``
+    (``within``: each node's ancestors in the tree so far)."""
 
     redraw = "independent"  # drafts past a rejection are replaced, not redrawn
 

@@ -8,8 +8,13 @@ consequences users can rely on:
   (no shared generator couples the samples; the one exception is VVS skipping,
   where a batch skips its verifications together), and
 * seeds are integers of any size, taken modulo 2**64;
-* two modes that make the same decisions draw the same numbers, so ``gsd`` with
-  ``G = 1`` and ``lantern`` with ``delta = 0`` reproduce ``sjd`` token for token.
+* two modes that make the same decisions draw the same numbers, so on chains of
+  drafts (Jacobi windows, a draft model's or a head's chain) ``gsd`` with ``G = 1``
+  and ``lantern`` with ``delta = 0`` reproduce ``sjd`` token for token
+  (``tests/test_equivalence.py``).  On draft trees they do not: the exact rule
+  draws once per level over the siblings (recursive rejection), the relaxed rules
+  test the siblings one by one, so the three spend their numbers differently; each
+  is still lossless there (``tests/test_tree_drafts.py``), but their images differ.
 
 The hash is SplitMix64's finaliser evaluated with int64 tensor arithmetic (which
 wraps on overflow on CPU and CUDA alike); logical shifts are emulated with masks.
