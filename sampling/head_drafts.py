@@ -137,6 +137,7 @@ class HeadDrafts:
         # every later position gets a draft from the head's q
         pos = torch.tensor(committed, device=device).unsqueeze(1)  # the position g predicts
         steps = st.horizon
+        tok = None  # each step's drafted token, fed to the head in the next
         for j in range(steps):
             if j:
                 g = self._step(tok, g.reshape(R * B, 1, -1)).view(R, B, 1, -1)
