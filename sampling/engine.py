@@ -577,11 +577,12 @@ class SpeculativeDecoder:
         """Initialise drafts up to ``n_committed + horizon`` for every sample."""
         # never over committed tokens: a source may leave draft_end behind them
         st.host_draft_end = [max(d, c) for d, c in zip(st.host_draft_end, st.host_committed)]
-        stop = [c + st.horizon for c in st.host_committed]
+        # no drafts past the image: no window scores them (a draft model would spend forwards on them)
+        stop = [min(c + st.horizon, st.length) for c in st.host_committed]
         width = max(e - d for e, d in zip(stop, st.host_draft_end))
         if width > 0:
             st.draft_end = torch.maximum(st.draft_end, st.n_committed)
-            stop_t = st.n_committed + st.horizon
+            stop_t = (st.n_committed + st.horizon).clamp(max=st.length)
             self.drafter.extend(st, st.draft_end, stop_t, width)
             st.draft_end = torch.maximum(st.draft_end, stop_t)
             st.host_draft_end = [max(d, e) for d, e in zip(st.host_draft_end, stop)]

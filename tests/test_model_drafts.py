@@ -64,6 +64,18 @@ def test_an_image_does_not_depend_on_its_batch_with_a_draft_model(depth):
         assert torch.equal(dec.generate([1], seeds=[seed]).tokens[0], batch.tokens[b]), f"sample {b}"
 
 
+def test_a_draft_model_spends_no_forward_past_the_image():
+    """A 5-position stream (4 image tokens) at depth 3: the prefill's position, then two
+    drafts' inputs; no drafts past the end, none after the last verification (it made 6
+    forwards before, 3 of them for positions no window scores)."""
+    target, same = TabularAdapter(seed=3), TabularAdapter(seed=3)
+    widths = []
+    forward = same.forward
+    same.forward = lambda tokens: widths.append(tokens.shape[1]) or forward(tokens)
+    decoder(target, same, mode="sjd", depth=3).generate([1], seeds=1)
+    assert widths == [1, 1, 1]
+
+
 def test_a_drafter_that_is_the_target_has_every_draft_accepted():
     target, same = TabularAdapter(seed=3), TabularAdapter(seed=3)
     result = decoder(target, same, mode="sjd", depth=3).generate([1] * 64, seeds=1)
