@@ -20,8 +20,7 @@ import inspect
 import torch
 
 from ..sampling.adapter import ImageAdapter
-from .static_cache import (BUCKET, CAPTURED, StaticKV, capacity_for, forward_function, new_forwards, pad_tree,
-                           pad_window, padded_width, weights_signature)
+from .static_cache import BUCKET, CAPTURED, StaticKV, capacity_for, new_forwards, static_forward, weights_signature
 
 
 def cache_argument(module: torch.nn.Module) -> str:
@@ -153,36 +152,24 @@ class TransformersAdapter(ImageAdapter):
             hidden = self._keep(self._hidden(tokens, self.cache.step_inputs(tokens.shape[1])))
             self.cache.commit()
             return self._logits(hidden)
-        L = tokens.shape[1]
-        W = padded_width(L)
-        keys = self.cache.kv.keys_for(W)
-        window = forward_function(self, self._static_window)
-        logits, hidden = self.graphs.run(("window", W, keys, self.batch), lambda t: window(t, keys),
-                                         pad_window(tokens, W))
-        self.cache.kv.advance([L] * self.cache.kv.rows)
+        logits, features = static_forward(self, self.cache.kv, self._static_window, tokens)
         if self.keep_features:
-            self._keep(hidden[:, :L].clone())
-        return logits[:, :, :L]
+            self.features = features.clone()
+        return logits
 
     @torch.no_grad()
     def forward_tree(self, tokens, parents):
         from ..sampling.tree import ancestors
 
-        reps = self.cache.kv.rows // tokens.shape[0]
         if self.decode_path == "eager":
-            hidden = self._keep(self._hidden(tokens, self.cache.tree_inputs(ancestors(parents).repeat(reps, 1, 1))))
+            within = ancestors(parents).repeat(self.cache.kv.rows // tokens.shape[0], 1, 1)
+            hidden = self._keep(self._hidden(tokens, self.cache.tree_inputs(within)))
             self.cache.commit()
             return self._logits(hidden)
-        N = tokens.shape[1]
-        W = padded_width(N)
-        keys = self.cache.kv.keys_for(W)
-        tree = forward_function(self, self._static_tree)
-        logits, hidden = self.graphs.run(("tree", W, keys, self.batch), lambda t, w: tree(t, w, keys),
-                                         pad_window(tokens, W), ancestors(pad_tree(parents, W)))
-        self.cache.kv.advance([N] * self.cache.kv.rows)
+        logits, features = static_forward(self, self.cache.kv, self._static_tree, tokens, parents)
         if self.keep_features:
-            self._keep(hidden[:, :N].clone())
-        return logits[:, :, :N]
+            self.features = features.clone()
+        return logits
 
     def _static_window(self, tokens, keys):
         """The static path's forward of a padded window, ``keys`` cache entries read."""
@@ -194,7 +181,8 @@ class TransformersAdapter(ImageAdapter):
         return self._static_outputs(self._hidden(tokens, self.cache.tree_inputs(within.repeat(reps, 1, 1), keys)))
 
     def _static_outputs(self, hidden):
-        return self._logits(hidden), hidden
+        """Hidden states ``[rows, W, H]`` -> logits ``[K, B, W, V]`` and features ``[K, B, W, H]``."""
+        return self._logits(hidden), hidden.view(-1, self.batch, *hidden.shape[1:])
 
     def _new_cache(self, module: torch.nn.Module, rows: int, prompt: int):
         """The cache a prefill of ``rows`` prompts ``prompt`` tokens wide starts, kept

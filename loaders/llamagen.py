@@ -32,8 +32,7 @@ from ..formats.checkpoints import CheckpointError, load_file, load_weights, peek
 from ..sampling.adapter import ImageAdapter, TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, NotAModel
-from .static_cache import (BUCKET, CAPTURED, StaticKV, capacity_for, forward_function, new_forwards, pad_tree,
-                           pad_window, padded_width, weights_signature)
+from .static_cache import BUCKET, CAPTURED, StaticKV, capacity_for, new_forwards, static_forward, weights_signature
 from .storage import full_dtype, place
 
 #: heads by model width for the released presets (all 64-dim heads but 3B's 100)
@@ -322,16 +321,10 @@ class LlamaGenAdapter(ImageAdapter):
     def forward(self, tokens):
         if self.decode_path == "eager":
             return self._run(self._embed(tokens))
-        L = tokens.shape[1]
-        W = padded_width(L)
-        keys = self.cache.keys_for(W)
-        window = forward_function(self, self._static_window)
-        logits, features = self.graphs.run(("window", W, keys, self.batch), lambda t: window(t, keys),
-                                           pad_window(tokens, W))
-        self.cache.advance([L] * self.cache.rows)
+        logits, features = static_forward(self, self.cache, self._static_window, tokens)
         if self.keep_features:
-            self.features = features[:, :, :L].clone()
-        return logits[:, :, :L]
+            self.features = features.clone()
+        return logits
 
     def _embed(self, tokens):
         h = self.gpt.tok_embeddings(tokens)
@@ -373,20 +366,14 @@ class LlamaGenAdapter(ImageAdapter):
     def forward_tree(self, tokens, parents):
         from ..sampling.tree import ancestors
 
-        N = tokens.shape[1]
         self._tree_start = list(self.cache.host_length)
         if self.decode_path == "eager":
             within = ancestors(parents).repeat(self.cache.rows // tokens.shape[0], 1, 1)
             logits, features = self._static_tree(tokens, within, None)
+            self.cache.advance([tokens.shape[1]] * self.cache.rows)
         else:
-            W = padded_width(N)
-            keys = self.cache.keys_for(W)
-            within = ancestors(pad_tree(parents, W))
-            tree = forward_function(self, self._static_tree)
-            logits, features = self.graphs.run(("tree", W, keys, self.batch), lambda t, w: tree(t, w, keys),
-                                               pad_window(tokens, W), within)
-            logits, features = logits[:, :, :N], features[:, :, :N].clone()
-        self.cache.advance([N] * self.cache.rows)
+            logits, features = static_forward(self, self.cache, self._static_tree, tokens, parents)
+            features = features.clone()
         if self.keep_features:
             self.features = features
         return logits

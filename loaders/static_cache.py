@@ -68,6 +68,25 @@ def new_forwards(adapter) -> "CapturedForwards":
     return CapturedForwards(adapter.decode_path in CAPTURED and torch.device(adapter.device).type == "cuda")
 
 
+def static_forward(adapter, kv: "StaticKV", fn, tokens: torch.Tensor, parents: torch.Tensor | None = None):
+    """One forward on the static paths: ``tokens`` ``[B, n]`` (a window, or a draft tree's
+    nodes with ``parents``) padded to :func:`padded_width`, run as ``fn(tokens[, within], keys)``
+    (an adapter method returning logits ``[K, B, W, V]`` and features ``[K, B, W, H]``)
+    through the adapter's decode path, ``n`` positions added to ``kv``.  Returns the ``n``
+    real rows of both."""
+    from ..sampling.tree import ancestors
+
+    n = tokens.shape[1]
+    W = padded_width(n)
+    keys = kv.keys_for(W)
+    inputs = (pad_window(tokens, W),) + (() if parents is None else (ancestors(pad_tree(parents, W)),))
+    run = forward_function(adapter, fn)
+    kind = "window" if parents is None else "tree"
+    logits, features = adapter.graphs.run((kind, W, keys, adapter.batch), lambda *t: run(*t, keys), *inputs)
+    kv.advance([n] * kv.rows)
+    return logits[:, :, :n], features[:, :, :n]
+
+
 def weights_signature(*modules: torch.nn.Module) -> tuple:
     """Where the modules' weights are now.  A graph replays the addresses it was captured
     with: when ComfyUI (or anything else) moves a model off the GPU and back, its
