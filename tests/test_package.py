@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -95,3 +96,15 @@ def test_a_non_editable_install_carries_every_module_and_shipped_file():
     shipped = [p.relative_to(ROOT).as_posix() for p in (ROOT / "embedded" / "weights").rglob("*") if p.is_file()]
     assert shipped and all(any(fnmatch.fnmatchcase(f, pat) and f.count("/") == pat.count("/") for pat in patterns)
                            for f in shipped), (shipped, patterns)
+
+
+def test_make_comfyui_installs_every_frontend_the_page_tests_run():
+    from .web_page import FRONTENDS
+
+    makefile = (ROOT / "Makefile").read_text()
+    pinned = re.search(r"^FRONTEND_PINNED := (\S+)$", makefile, re.M).group(1)
+    newest = re.search(r"^FRONTEND_NEWEST := (\S+)$", makefile, re.M).group(1)
+    assert FRONTENDS == (pinned, newest)
+    comfy_pins = ROOT / ".comfyui" / "ComfyUI" / "requirements.txt"
+    if comfy_pins.is_file():  # the frontend ComfyUI itself asks for is the pinned one
+        assert f"comfyui-frontend-package=={pinned}" in comfy_pins.read_text()

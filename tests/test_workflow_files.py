@@ -68,3 +68,26 @@ def test_a_group_gets_a_title_band_and_holds_only_its_members():
     (_, (gx, gy, gw, gh)), = groups
     assert pos["s"][1] - build.TITLE == gy + build.GROUP_HEAD  # under the group title band
     assert pos["t"][1] - build.TITLE >= gy + gh  # the table, in the group's column, goes below it
+
+
+def test_a_workflow_that_needs_single_files_lists_them_for_the_missing_model_dialog():
+    # the node module imports ComfyUI: its folder name is read from its source
+    assert f'FOLDER = "{build.MODEL_FOLDER}"' in (WORKFLOWS.parent / "nodes" / "models.py").read_text()
+    FOLDER = build.MODEL_FOLDER
+    listed = {}
+    for name in CATALOG:
+        ui = json.loads((WORKFLOWS / f"{title(name)}.json").read_text())
+        for node in ui["nodes"]:
+            files = [v for v in node["widgets_values"] if isinstance(v, str) and v.endswith(build.MODEL_FILE)]
+            models = node["properties"].get("models", [])
+            # the frontend offers an entry whose name is one of the node's values, from its url, into its folder
+            assert [m["name"] for m in models] == files, (name, node["type"])
+            for m in models:
+                assert m["directory"] == FOLDER, m
+                assert m["url"].startswith("https://huggingface.co/") and "/resolve/main/" in m["url"], m
+                assert m["url"].rsplit("/", 1)[1] == m["name"].rsplit("/", 1)[1], m
+                listed[m["name"]] = m["url"]
+    assert listed["llamagen/c2i_XL_384.pt"] == "https://huggingface.co/FoundationVision/LlamaGen/resolve/main/c2i_XL_384.pt"
+    assert listed["llamagen/t2i_XL_stage1_256.pt"].startswith("https://huggingface.co/peizesun/llamagen_t2i/")
+    assert not any("models" in node["properties"] for n in CATALOG if embedded(n)
+                   for node in json.loads((WORKFLOWS / f"{title(n)}.json").read_text())["nodes"])

@@ -20,10 +20,13 @@ function linked(node, name) {
 }
 
 // Frontend 1.3x skips hidden widgets when it draws and sizes a node, but still
-// lays them out (each keeps its row); a zero height removes the gap.
+// lays them out (each keeps its row); a zero height removes the gap.  Its Vue
+// nodes read options.hidden instead, which later frontends (1.53 on) make the
+// same property as hidden: both are set.
 function setHidden(w, hidden) {
-  if (!!w.hidden === hidden) return false;
+  if (!!w.hidden === hidden && !!w.options?.hidden === hidden) return false;
   w.hidden = hidden;
+  if (w.options) w.options.hidden = hidden;
   if (hidden) {
     w.__specArOwnSize = Object.getOwnPropertyDescriptor(w, "computeSize");
     w.computeSize = () => [0, -4];

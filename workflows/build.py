@@ -6,8 +6,9 @@ thumbnails for ComfyUI's Templates browser.
 The UI format (``<title>.json``: drag into the browser, or pick it in Templates)
 carries widget values in the order ComfyUI's front end lays widgets out, which
 comes from ``/object_info``, and node positions laid out from the sizes the web
-page gives each node (measured in the browser, with the pack's extension hiding
-the knobs a mode does not read); the API format (``api/<name>.json``: what
+page gives each node (measured in the browser on every frontend and renderer the
+page tests run, with the pack's extension hiding the knobs a mode does not read:
+the largest wins); the API format (``api/<name>.json``: what
 ``/prompt`` and ``spec-ar queue`` take) is the same graph by input name.
 ``tests/test_comfyui.py`` converts every UI file back and checks it equals its API
 file, so hand edits to one are caught; ``tests/test_web_page.py`` loads every UI
@@ -183,6 +184,29 @@ def layout(nodes: dict, groups: list, sizes: dict) -> tuple[dict, list]:
     return {n: [xs[column[n]], top[n] + TITLE] for n in nodes}, boxes
 
 
+#: a model file's extensions: a loader value ending so names one file (the others name folders)
+MODEL_FILE = (".pt", ".pth", ".ckpt", ".safetensors", ".bin")
+MODEL_FOLDER = "spec_ar"  # ComfyUI's model folder of the pack (nodes/models.py FOLDER)
+
+
+def model_files(values: list) -> list[dict]:
+    """The frontend's ``models`` metadata for a loader's single-file values (its
+    missing-model dialog offers to download a listed file the server does not have):
+    each file's hub URL from the download list's releases."""
+    from spec_ar.loaders.downloads import RELEASES
+
+    urls = {f: f"https://huggingface.co/{src.repo}/resolve/main/{f}"
+            for r in RELEASES.values() for src in r.sources for f in src.files if "*" not in f}
+    out = []
+    for value in values:
+        if isinstance(value, str) and value.endswith(MODEL_FILE):
+            url = urls.get(value.rsplit("/", 1)[-1])
+            if url is None:
+                raise ValueError(f"{value}: no release in loaders/downloads.py carries this file")
+            out.append({"name": value, "url": url, "directory": MODEL_FOLDER})
+    return out
+
+
 def build(graph: tuple[dict, list], object_info: dict, measured: dict | None = None) -> tuple[dict, dict]:
     """(UI format, API format) of one graph; unset widgets take their defaults.
     ``measured``: from :func:`measure`, ``{"least": {node name: (w, h)}, "growth": {class: h}}``:
@@ -231,10 +255,12 @@ def build(graph: tuple[dict, list], object_info: dict, measured: dict | None = N
         api[str(ids[name])] = {"class_type": kind, "inputs": api_inputs, "_meta": {"title": info["display_name"]}}
         outputs = [{"name": n, "type": t, "links": [], "slot_index": i}
                    for i, (n, t) in enumerate(zip(info["output_name"], info["output"]))]
+        properties = {"Node name for S&R": kind}
+        if model_files(values):
+            properties["models"] = model_files(values)
         nodes.append({"id": ids[name], "type": kind, "pos": pos[name], "size": list(size[name]), "flags": {},
                       "order": len(nodes), "mode": 0, "inputs": ui_inputs, "outputs": outputs,
-                      "properties": {"Node name for S&R": kind}, "widgets_values": values,
-                      "title": info["display_name"]})
+                      "properties": properties, "widgets_values": values, "title": info["display_name"]})
     by_id = {n["id"]: n for n in nodes}
     for link, src, slot, *_ in links:
         by_id[src]["outputs"][slot]["links"].append(link)
@@ -246,26 +272,42 @@ def build(graph: tuple[dict, list], object_info: dict, measured: dict | None = N
 
 
 def measure(page, server, object_info: dict) -> dict:
-    """What :func:`build` needs to know of the web page (``page``: a
-    ``tests.web_page.WebPage`` on ``server``), measured in the browser: each node's
-    minimum size once the frontend has laid out its visible widgets (the pack's
-    extension hides the knobs a mode does not read), and, from queueing every
+    """What :func:`build` needs to know of one web page (``page``: a
+    ``tests.web_page.WebPage`` on ``server``, either renderer), measured in the browser:
+    each node's size as drawn once the frontend has laid out its visible widgets (the
+    pack's extension hides the knobs a mode does not read), and, from queueing every
     workflow that runs on the embedded model, how far each class of node grows when
     it shows its output (the sampler's own preview, an image, a table)."""
     least, growth = {}, {}
-    sizes = "() => Object.fromEntries(window.app.graph.nodes.map((n) => [n.id, [n.type, n.computeSize(), n.size[1]]]))"
     for name, graph in graphs().items():
         ui, _ = build(graph, object_info)
+        if page.vue:  # measured at the sizes as given: 1.3x's Vue mode scales a canvas-made layout up by 1.2 (all
+            ui["extra"]["workflowRendererVersion"] = "Vue"  # of it alike, so what fits unscaled fits scaled)
         page.load(ui, name)
-        before = page.js(sizes)
-        least[name] = {node: tuple(before[str(i + 1)][1]) for i, node in enumerate(graph[0])}
+        before = {n["id"]: n for n in page.nodes()}
+        least[name] = {node: (before[str(i + 1)]["box"][2], before[str(i + 1)]["box"][3] - TITLE)
+                       for i, node in enumerate(graph[0])}
         if embedded(name):
             page.queue()
             page.wait_idle(server)
-            after = page.js("() => Object.fromEntries(window.app.graph.nodes.map((n) => [n.id, n.size[1]]))")
-            for node_id, (kind, _, h) in before.items():
-                growth[kind] = max(growth.get(kind, 0), after[node_id] - h)
+            page.settle()  # Vue nodes resize once their pictures have loaded
+            for node in page.nodes():
+                kind, grew = node["type"], node["box"][3] - before[node["id"]]["box"][3]
+                growth[kind] = max(growth.get(kind, 0), grew)
     return {"least": least, "growth": {k: v for k, v in growth.items() if v > 0}}
+
+
+def merge(measures: list[dict]) -> dict:
+    """One measure from several pages: every size and growth the largest any page gave."""
+    least, growth = {}, {}
+    for m in measures:
+        for name, sizes in m["least"].items():
+            for node, (w, h) in sizes.items():
+                old = least.setdefault(name, {}).get(node, (0, 0))
+                least[name][node] = (max(old[0], w), max(old[1], h))
+        for kind, grew in m["growth"].items():
+            growth[kind] = max(growth.get(kind, 0), grew)
+    return {"least": least, "growth": growth}
 
 
 def write_all(object_info: dict, measured: dict | None = None, folder: pathlib.Path = HERE) -> list[pathlib.Path]:
@@ -289,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))
     from tests.comfyui_server import ComfyServer
-    from tests.web_page import WebPage, prepare_user
+    from tests.web_page import FRONTENDS, RENDERERS, WebPage, frontend_static, prepare_user
 
     from spec_ar.workflows import thumbnails
 
@@ -299,9 +341,17 @@ def main(argv: list[str] | None = None) -> int:
         prepare_user(base)
         with ComfyServer(base, base / "models", frontend=True) as server:
             info = server.get("/object_info")
-            with WebPage(server.url) as page:
-                measured = measure(page, server, info)
-            print("measured growth when a run shows output:", measured["growth"])
+            measures = []
+            for frontend in FRONTENDS:
+                static = frontend_static(frontend, server.python)
+                if isinstance(static, str):
+                    raise SystemExit(static)
+                for renderer in RENDERERS:
+                    with WebPage(server.url, static=static, vue=renderer == "vue") as page:
+                        measures.append(measure(page, server, info))
+                    print(f"measured on {frontend} {renderer}: growth when a run shows output",
+                          {k: round(v) for k, v in measures[-1]["growth"].items()})
+            measured = merge(measures)
             for path in write_all(info, measured):
                 print(path.relative_to(HERE.parent))
             if not args.no_thumbnails:
