@@ -16,6 +16,7 @@ the sampler's preview is what grows it.  Screenshots go to
 import json
 import os
 import pathlib
+import time
 import urllib.parse
 
 import pytest
@@ -253,10 +254,18 @@ def test_embedded_workflows_queued_from_the_page_show_output_on_every_output_nod
     page.load(_ui(name), name)
     page.queue()
     page.wait_idle(server)
-    page.settle()  # Vue nodes resize once their pictures have loaded
+    # the page fetches each picture after the run's last message, for the nodes in view (1.58's canvas):
+    # the whole graph in view, then wait for them (a loaded machine is slow)
+    deadline = time.monotonic() + 30
+    while True:
+        page.fit()  # Vue nodes resize once their pictures have loaded: fitted again each time
+        nodes = page.nodes()
+        if all(n["images"] for n in nodes if n["type"] in IMAGE_OUTPUTS) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     texts = page.js("""() => window.app.graph.nodes.map((n) => (n.widgets || [])
         .filter((w) => w.serialize === false || w.name === 'preview').map((w) => String(w.value ?? '')).join(''))""")
-    for node, text in zip(page.nodes(), texts):
+    for node, text in zip(nodes, texts):
         if node["type"] in IMAGE_OUTPUTS:
             assert node["images"] >= 1, f"{name}: {node['type']} shows no image"
         if node["type"] in TEXT_OUTPUTS:
