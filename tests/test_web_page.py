@@ -259,6 +259,7 @@ def test_embedded_workflows_queued_from_the_page_show_output_on_every_output_nod
     deadline = time.monotonic() + 30
     while True:
         page.fit()  # Vue nodes resize once their pictures have loaded: fitted again each time
+        page.js("() => window.app.canvas.draw(true, true)")  # the canvas fetches a picture as it draws the node
         nodes = page.nodes()
         if all(n["images"] for n in nodes if n["type"] in IMAGE_OUTPUTS) or time.monotonic() > deadline:
             break

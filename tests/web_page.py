@@ -263,9 +263,12 @@ class WebPage:
             const loaded = (imgs) => [...imgs].filter((i) => i.complete && i.naturalWidth > 0).length;
             return window.app.graph.nodes.map((n) => {
                 const node = {id: String(n.id), type: n.type, registered: !!window.LiteGraph.registered_node_types[n.type]};
+                // on the canvas, 1.58 fetches a node's picture only when it draws the node: a picture the
+                // page holds for the node (its outputs, which the canvas draws from) counts as shown
+                const held = window.app.nodeOutputs?.[String(n.id)]?.images?.length ?? 0;
                 if (!vue) return {...node, box: [n.pos[0], n.pos[1] - title, n.size[0], n.size[1] + title],
                                   widgets: (n.widgets || []).filter((w) => !w.hidden).map((w) => w.name),
-                                  images: loaded(n.imgs || [])};
+                                  images: Math.max(loaded(n.imgs || []), held)};
                 const e = document.querySelector(`[data-node-id="${n.id}"]`);
                 if (!e) return {...node, box: null, widgets: [], images: 0};
                 const r = e.getBoundingClientRect();
