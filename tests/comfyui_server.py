@@ -48,13 +48,12 @@ class ComfyServer:
     path another version's ``static`` folder."""
 
     def __init__(self, base: pathlib.Path, models: pathlib.Path, startup_s: float = 180,
-                 frontend: bool | pathlib.Path = False, args: tuple[str, ...] = ()):
+                 frontend: bool | pathlib.Path = False):
         located = locate()
         if isinstance(located, str):
             raise RuntimeError(located)
         self.folder, self.python = located
         self.base, self.models, self.startup_s, self.frontend = base, models, startup_s, frontend
-        self.args = tuple(args)  # more of ComfyUI's command-line options
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = base / "server.log"
@@ -72,7 +71,7 @@ class ComfyServer:
         config.write_text(f"tests:\n  base_path: {self.base}\n  custom_nodes: {nodes}\n  spec_ar: {self.models}\n")
         cmd = [str(self.python), "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
                "--base-directory", str(self.base), "--disable-api-nodes", "--extra-model-paths-config",
-               str(config), "--preview-method", "none", *self.args]
+               str(config), "--preview-method", "none"]
         if self.frontend is False:  # the API alone: an empty page folder (the web page needs comfyui-frontend-package)
             cmd += ["--front-end-root", str(self.base / "frontend")]
         elif self.frontend is not True:

@@ -73,7 +73,6 @@ def test_a_group_gets_a_title_band_and_holds_only_its_members():
 def test_a_workflow_that_needs_single_files_lists_them_for_the_missing_model_dialog():
     # the node module imports ComfyUI: its folder name is read from its source
     assert f'FOLDER = "{build.MODEL_FOLDER}"' in (WORKFLOWS.parent / "nodes" / "models.py").read_text()
-    FOLDER = build.MODEL_FOLDER
     listed = {}
     for name in CATALOG:
         ui = json.loads((WORKFLOWS / f"{title(name)}.json").read_text())
@@ -83,7 +82,7 @@ def test_a_workflow_that_needs_single_files_lists_them_for_the_missing_model_dia
             # the frontend offers an entry whose name is one of the node's values, from its url, into its folder
             assert [m["name"] for m in models] == files, (name, node["type"])
             for m in models:
-                assert m["directory"] == FOLDER, m
+                assert m["directory"] == build.MODEL_FOLDER, m
                 assert m["url"].startswith("https://huggingface.co/") and "/resolve/main/" in m["url"], m
                 assert m["url"].rsplit("/", 1)[1] == m["name"].rsplit("/", 1)[1], m
                 listed[m["name"]] = m["url"]

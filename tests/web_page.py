@@ -77,7 +77,7 @@ def installed_frontend(python: pathlib.Path) -> str | None:
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
-def frontend_static(version: str, python: pathlib.Path) -> pathlib.Path | str:
+def frontend_static(version: str, python: pathlib.Path) -> pathlib.Path | str | None:
     """The ``static`` folder of frontend ``version`` (``None``: the server's own), or why there is none."""
     if installed_frontend(python) == version:
         return None
@@ -119,6 +119,13 @@ _VUE_ROWS = """(n, e) => [...e.querySelectorAll(".lg-node-widget")].filter((row)
         const input = slot && n.inputs[Number(slot[1])];
         return input ? (input.widget?.name ?? input.name) : row.textContent.trim();
     })"""
+
+
+#: a Vue node's box ``[x, y, w, h]`` in graph units, from its element (canvas ``c``, its page rect ``view``)
+_VUE_BOX = """(c, view, e) => {
+    const r = e.getBoundingClientRect(), s = c.ds.scale;
+    return [(r.x - view.x) / s - c.ds.offset[0], (r.y - view.y) / s - c.ds.offset[1], r.width / s, r.height / s];
+}"""
 
 
 class WebPage:
@@ -229,8 +236,8 @@ class WebPage:
 
     def settle(self, timeout_ms: int = 8000) -> None:
         """Wait until no node moves or resizes between frames: Vue nodes lay themselves
-        out over several frames, and 1.3x's Vue mode scales a canvas-made layout up
-        (its "auto scale layout") after the graph is in."""
+        out over several frames, and move again after the graph is in (1.3x's Vue mode
+        repositions a loaded graph's nodes)."""
         self.js("""async (timeout) => {
             const frame = () => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 60)));
             const shape = () => JSON.stringify(window.app.graph.nodes.map((n) => {
@@ -259,7 +266,6 @@ class WebPage:
         return self.js("""(vue) => {
             const title = window.LiteGraph.NODE_TITLE_HEIGHT;
             const c = window.app.canvas, view = c.canvas.getBoundingClientRect();
-            const [s, [ox, oy]] = [c.ds.scale, c.ds.offset];
             const loaded = (imgs) => [...imgs].filter((i) => i.complete && i.naturalWidth > 0).length;
             return window.app.graph.nodes.map((n) => {
                 const node = {id: String(n.id), type: n.type, registered: !!window.LiteGraph.registered_node_types[n.type]};
@@ -271,11 +277,9 @@ class WebPage:
                                   images: Math.max(loaded(n.imgs || []), held)};
                 const e = document.querySelector(`[data-node-id="${n.id}"]`);
                 if (!e) return {...node, box: null, widgets: [], images: 0};
-                const r = e.getBoundingClientRect();
-                return {...node, box: [(r.x - view.x) / s - ox, (r.y - view.y) / s - oy, r.width / s, r.height / s],
-                        widgets: (%s)(n, e), images: loaded(e.querySelectorAll("img"))};
+                return {...node, box: (%s)(c, view, e), widgets: (%s)(n, e), images: loaded(e.querySelectorAll("img"))};
             });
-        }""" % _VUE_ROWS, self.vue)
+        }""" % (_VUE_BOX, _VUE_ROWS), self.vue)
 
     def widgets(self, node_type: str) -> list[str]:
         """The widgets the first node of ``node_type`` shows, as :meth:`nodes` reads them
@@ -302,10 +306,7 @@ class WebPage:
                 const rect = c.canvas.getBoundingClientRect();
                 const boxes = nodes.map((n) => {
                     const e = vue && document.querySelector(`[data-node-id="${n.id}"]`);
-                    if (!e) return [n.pos[0], n.pos[1] - title, n.size[0], n.size[1] + title];
-                    const r = e.getBoundingClientRect(), s = c.ds.scale;
-                    return [(r.x - rect.x) / s - c.ds.offset[0], (r.y - rect.y) / s - c.ds.offset[1],
-                            r.width / s, r.height / s];
+                    return e ? (%s)(c, rect, e) : [n.pos[0], n.pos[1] - title, n.size[0], n.size[1] + title];
                 });
                 const xs = boxes.flatMap(([x, , w]) => [x, x + w]), ys = boxes.flatMap(([, y, , h]) => [y, y + h]);
                 for (const g of window.app.graph.groups) { xs.push(g.pos[0], g.pos[0] + g.size[0]);
@@ -316,7 +317,7 @@ class WebPage:
                 c.ds.offset[0] = (rect.width / scale - (x1 - x0)) / 2 - x0;
                 c.ds.offset[1] = (rect.height / scale - (y1 - y0)) / 2 - y0 + 20 / scale;
                 c.setDirty(true, true);
-            }""", self.vue)
+            }""" % _VUE_BOX, self.vue)
             self.page.wait_for_timeout(400)
             if self.vue:  # the nodes' elements follow the view a few frames later
                 self.settle()

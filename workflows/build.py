@@ -256,8 +256,9 @@ def build(graph: tuple[dict, list], object_info: dict, measured: dict | None = N
         outputs = [{"name": n, "type": t, "links": [], "slot_index": i}
                    for i, (n, t) in enumerate(zip(info["output_name"], info["output"]))]
         properties = {"Node name for S&R": kind}
-        if model_files(values):
-            properties["models"] = model_files(values)
+        files = model_files(values)
+        if files:
+            properties["models"] = files
         nodes.append({"id": ids[name], "type": kind, "pos": pos[name], "size": list(size[name]), "flags": {},
                       "order": len(nodes), "mode": 0, "inputs": ui_inputs, "outputs": outputs,
                       "properties": properties, "widgets_values": values, "title": info["display_name"]})
@@ -281,8 +282,8 @@ def measure(page, server, object_info: dict) -> dict:
     least, growth = {}, {}
     for name, graph in graphs().items():
         ui, _ = build(graph, object_info)
-        if page.vue:  # measured at the sizes as given: 1.3x's Vue mode scales a canvas-made layout up by 1.2 (all
-            ui["extra"]["workflowRendererVersion"] = "Vue"  # of it alike, so what fits unscaled fits scaled)
+        if page.vue:  # measured at the positions and sizes as given: the frontend then applies no scaling
+            ui["extra"]["workflowRendererVersion"] = "Vue"  # of its own for a canvas-made layout
         page.load(ui, name)
         before = {n["id"]: n for n in page.nodes()}
         least[name] = {node: (before[str(i + 1)]["box"][2], before[str(i + 1)]["box"][3] - TITLE)
