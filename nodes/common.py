@@ -119,7 +119,8 @@ def sampler_widgets() -> list[dict]:
             tip += f" {AUTO}: {k.unset.split(': ', 1)[1]}."
         if k.name in SAMPLING_FALLBACK:
             tip += f" Used when {FAMILY_DEFAULTS} is off."
-        w = {"label": k.label, "field": k.name, "widget": k.widget, "uses": list(k.uses), "tooltip": tip}
+        w = {"label": k.label, "field": k.name, "widget": k.widget, "uses": list(k.uses), "tooltip": tip,
+             "appended": k.appended}
         if k.widget == "combo":
             w.update(options=[AUTO if c is None else c for c in k.choices],
                      default=AUTO if default is None else default)

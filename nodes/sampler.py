@@ -25,20 +25,25 @@ class TokenGrid:
 
 def _widget(w: dict):
     """A ComfyUI input for one entry of :func:`common.sampler_widgets` (the knob table)."""
+    optional = {"optional": True} if w["appended"] else {}
     if w["widget"] == "combo":
-        return io.Combo.Input(w["label"], options=w["options"], default=w["default"], tooltip=w["tooltip"])
+        return io.Combo.Input(w["label"], options=w["options"], default=w["default"], tooltip=w["tooltip"],
+                              **optional)
     cls = io.Int if w["kind"] == "int" else io.Float
     extra = {"display_mode": io.NumberDisplay.slider} if w["widget"] == "slider" else {}
     return cls.Input(w["label"], default=w["default"], min=w["min"], max=w["max"], step=w["step"],
-                     tooltip=w["tooltip"], **extra)
+                     tooltip=w["tooltip"], **extra, **optional)
 
 
-def _decoding_inputs() -> list:
-    """The knob table's widgets, with the family-defaults switch before the sampling ones."""
+def _decoding_inputs(appended: bool = False) -> list:
+    """The knob table's widgets, with the family-defaults switch before the sampling ones;
+    ``appended``: the knobs added since workflows were shared, which go last."""
     from ..sampling.config import SAMPLING_FIELDS
 
     out = []
     for w in common.sampler_widgets():
+        if w["appended"] != appended:
+            continue
         if w["field"] == SAMPLING_FIELDS[0]:
             out.append(io.Boolean.Input(common.FAMILY_DEFAULTS, default=True,
                                         tooltip="Use the model family's reference CFG, top-k, top-p and temperature; "
@@ -98,6 +103,7 @@ class SpeculativeARSampler(io.ComfyNode):
                 io.Boolean.Input(UNLOAD, default=False, optional=True,
                                  tooltip="After the images are made, give the model's memory (GPU and CPU) back "
                                          "for the rest of the workflow; the next run loads it again."),
+                *_decoding_inputs(appended=True),
             ],
             outputs=[
                 io.Image.Output(display_name="images"),

@@ -20,6 +20,10 @@ A verified step, for every sample at once:
    to the ring of distributions, the adapter's cache is rolled back to the kept
    prefix, and new window positions are initialised.
 
+With proactive drafting (``proactive.py``) the forward also scores a tree of
+alternatives below the window's first drafts, and a walk over it settles those
+rows before step 2 goes on along the window.
+
 A skipped step (VVS) commits part of each sample's informed draft tail without a
 forward.  The only host synchronisation per step is reading the new lengths
 (plus the skip plan); plain AR needs none.
@@ -44,7 +48,7 @@ from .acceptance import DraftDistributions, ExactAcceptance, make_rule
 from .adapter import ImageAdapter
 from .config import KNOBS, ConfigError, DecodeConfig
 from .drafts import DraftSource, JacobiDrafts
-from . import scoring
+from . import proactive, scoring
 from .checks import AR_CHECK_EVERY, check_ar, check_shape, raise_if_nonfinite
 from .memory import check_fits, state_bytes_per_image
 from .neighbours import TokenGeometry
@@ -166,6 +170,11 @@ class SpeculativeDecoder:
 
                 shape = static_shape(config.tree_choices, config.tree_tokens, config.tree_top_k, config.depth)
                 self.tree_levels = max(shape["depths"]) + 1
+        # proactive drafting (proactive.py): a tree of alternatives at the window's first drafts
+        self.proactive = config.proactive if config.drafts and drafter is None and config.proactive > 1 else 0
+        if self.proactive and type(adapter).forward_tree is ImageAdapter.forward_tree:
+            raise ConfigError(f"{KNOBS['proactive'].shown_as(surface)} {config.proactive}: "
+                              f"{type(adapter).__name__} cannot score draft trees (use 1, off)")
         self.guided = self.pipeline.guidance.branches > 1
         # the draft source wants the rows after the first rejection coupled with their
         # old drafts (see _verify), and under exact acceptance that is the verifier's test
@@ -255,7 +264,8 @@ class SpeculativeDecoder:
             st.host_draft_end = [1] * B
             if hasattr(self.drafter, "start"):
                 self.drafter.start(st, conditions, negatives, self.guided, config, timer)
-            self._extend(st)
+            if not self.tree:  # a tree is drafted from the committed prefix at each step
+                self._extend(st)
         self._notify(callback, st)
 
         plan = None
@@ -337,7 +347,22 @@ class SpeculativeDecoder:
         st.window_positions = pos
         inp = st.seq.gather(1, pos)
         target = pos + 1  # row j predicts position base + j + 1
-        probs = self.pipeline(self._forward(st, inp, timer), target, st.buffer("probs", L))  # [B, L, V]
+        # proactive drafting: alternatives below the newest committed token (row r0)
+        r0 = (st.n_committed - base - 1).clamp(min=0)  # finished samples have nothing waiting
+        levels = min(self.config.proactive_depth - 1, L - waiting) if self.proactive else 0
+        if levels > 0:
+            sp = proactive.sprout(st, inp, base, r0, self.proactive, levels)
+            E = sp.tokens.shape[1]
+            tokens = torch.cat([inp, sp.tokens], 1)
+            with timer.model():
+                logits = ad.forward_tree(tokens, torch.cat([(window - 1).expand(B, L), sp.parents], 1))
+            check_shape("forward_tree", logits, (ad.branches(self.guided), B, L + E, ad.vocab_size))
+            every = self.pipeline(logits, torch.cat([target, sp.target], 1), st.buffer("probs", L + E))
+            probs = every[:, :L]
+            path, counts, tree_new, tree_rejected, on_spine = proactive.walk(sp, every, tokens, st, self.rule,
+                                                                          self.exact)
+        else:
+            probs = self.pipeline(self._forward(st, inp, timer), target, st.buffer("probs", L))  # [B, L, V]
         u = rng.uniform(st.keys, st.step, rng.VERIFY, target, lanes=2)  # coin, sample
         committed_before = st.n_committed
         coupled = self.coupled
@@ -359,11 +384,16 @@ class SpeculativeDecoder:
                 ok = ok | (tp < st.n_committed.unsqueeze(1))
             if st.any_forced:
                 ok = ok | (st.forced_at[tp] >= 0)
+            if levels > 0:  # the walk settled the tree's levels: on the spine, its drafts stand
+                rows = window[:-1].unsqueeze(0) - r0.unsqueeze(1)
+                ok = ok | (on_spine.unsqueeze(1) & (rows >= 0) & (rows < levels))
             if near_end:
                 ok = ok & (tp < T)
             passed = ok.to(torch.int32).cumprod(1).sum(1).long()  # rows that stand
         else:
             passed = torch.zeros(B, dtype=torch.long, device=base.device)
+        if levels > 0:  # off the spine the walk decides: its path's length
+            passed = torch.where(on_spine, passed, r0 + counts - 1)
 
         # row `passed` gets the new token: the bonus draw from p when every draft
         # stood, else a draw from the rule's residual (with the same uniform)
@@ -384,6 +414,8 @@ class SpeculativeDecoder:
         else:
             drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
         bad = st.buffer("cumsum", L)[..., -1].isnan() & (target < T)  # rows that are no distribution
+        if levels > 0:
+            bad = bad | ((every[:, L:].sum(-1).isnan() & sp.valid).any(1, keepdim=True) & (target < T))
         first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
         rejected = passed < tested
         new_tok = drawn.gather(1, passed.unsqueeze(1))
@@ -398,8 +430,23 @@ class SpeculativeDecoder:
             redraw = rng.categorical(res, u[st.batch_idx, row, 1])
             new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
 
+        nodes = None
+        if levels > 0:
+            # off the spine: the walk's new token, its path's tokens and rows (the ring keeps a
+            # committed position's row), and its nodes in the cache
+            new_tok = torch.where(on_spine, new_tok.squeeze(1), tree_new).unsqueeze(1)
+            rejected = torch.where(on_spine, rejected, tree_rejected)
+            depth = window.unsqueeze(0) - r0.unsqueeze(1)
+            on_path = ~on_spine.unsqueeze(1) & (depth >= 0) & (depth < counts.unsqueeze(1))
+            walked = path.gather(1, depth.clamp(0, levels))
+            nodes = torch.where(on_path, sp.walk_rows.gather(1, walked), window)  # forward rows by window row
+            V = probs.shape[-1]
+            probs = every.gather(1, nodes.unsqueeze(-1).expand(-1, -1, V))
         # next drafts (Jacobi: the tail); the new token lands after them
         self.drafter.after_verify(st, probs, drawn, passed)
+        if nodes is not None:
+            moved = on_path & (depth > 0)
+            st.seq.scatter_(1, torch.where(moved, pos, st.scratch), tokens.gather(1, nodes))
         stop = base.unsqueeze(1) + passed.unsqueeze(1) + 1
         st.seq.scatter_(1, torch.where(stop < T, stop, st.scratch), new_tok)
 
@@ -424,7 +471,10 @@ class SpeculativeDecoder:
                             [c + j + 1 for c, j in zip(st.host_cached, sync[3])])
         st.host_cached, st.host_committed = sync[0], sync[1]
         del sync[3]
-        ad.rollback(sync[2])  # the rejected rows leave the cache
+        if nodes is None:
+            ad.rollback(sync[2])  # the rejected rows leave the cache
+        else:  # the window rows that stand (or the walk's path) stay, the tree's other nodes leave
+            ad.keep_tree(nodes, [L - n for n in sync[2]])
         self._extend(st)
         if plan is not None and min(sync[3]) >= 0 and max(sync[3]) > 0:
             return plan, sync[3]

@@ -54,7 +54,7 @@ from typing import NamedTuple
 import torch
 
 from . import rng
-from .config import DecodeConfig
+from .config import DecodeConfig, proactive_nodes
 
 
 class Sizes(NamedTuple):
@@ -74,7 +74,7 @@ class Sizes(NamedTuple):
         skips = config.verify_schedule != "every" and drafts > 0
         max_commit = drafts + 1 if skips else 0
         horizon = drafts + max_commit
-        max_window = drafts + 1 + max_commit
+        max_window = drafts + 1 + max_commit + (proactive_nodes(config) if drafts and not config.drafter else 0)
         pad = 2 * (max_window + horizon) + 4
         above = layout.row_stride if config.init.endswith("above") else 0  # *-above reads one row back
         return cls(drafts, skips, max_commit, horizon, max_window, pad, above + pad)

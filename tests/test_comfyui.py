@@ -148,9 +148,13 @@ def test_pack_registers_its_nodes_with_tooltips(server, object_info):
 def test_the_sampler_shows_the_knob_table(object_info):
     from spec_ar.nodes import common
 
-    inputs = object_info["SpecAR_Sampler"]["input"]["required"]
+    inputs = object_info["SpecAR_Sampler"]["input"]
+    order = list(object_info["SpecAR_Sampler"]["input_order"]["optional"])
     for w in common.sampler_widgets():
-        kind, opts = inputs[w["label"]]
+        # knobs added since workflows were shared come last and optional: saved widget values keep their places
+        kind, opts = inputs["optional" if w["appended"] else "required"][w["label"]]
+        if w["appended"]:
+            assert order.index(w["label"]) > order.index("unload_after_run"), w["label"]
         assert opts["tooltip"] == w["tooltip"], w["label"]
         if w["widget"] == "combo":
             assert opts["options"] == w["options"] and opts["default"] == w["default"], w["label"]
@@ -179,6 +183,27 @@ def test_ui_and_api_workflows_agree(object_info):
         converted = ui_to_api(json.loads(ui_file.read_text()), object_info)
         strip = {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in api.items()}
         assert converted == strip, ui_file.name
+
+
+def test_a_workflow_saved_before_a_knob_was_added_keeps_its_values_and_runs(server, object_info):
+    """Knobs added since workflows were shared go last (``Knob.appended``): a saved workflow
+    without them, in either format, keeps every value it has and runs with their defaults."""
+    from spec_ar.nodes import common
+
+    added = [w for w in common.sampler_widgets() if w["appended"]]
+    assert added  # proactive drafting's knobs
+    ui = json.loads((WORKFLOWS / f"{title('embedded_t2i_gsd')}.json").read_text())
+    sampler = next(n for n in ui["nodes"] if n["type"] == "SpecAR_Sampler")
+    sampler["widgets_values"] = sampler["widgets_values"][:-len(added)]  # as saved before
+    api = ui_to_api(ui, object_info)
+    inputs = next(v for v in api.values() if v["class_type"] == "SpecAR_Sampler")["inputs"]
+    shipped = next(v for v in _api("embedded_t2i_gsd").values() if v["class_type"] == "SpecAR_Sampler")["inputs"]
+    assert inputs == {**shipped, **{w["label"]: w["default"] for w in added}}
+    for w in added:
+        del inputs[w["label"]]  # an API workflow saved before
+    inputs["batch_size"] = 1
+    entry = server.run(api)
+    assert entry["status"]["status_str"] == "success", _failure(entry)
 
 
 @pytest.mark.parametrize("mode", ["ar", "sjd", "gsd", "lantern", "vvs"])

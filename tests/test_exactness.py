@@ -205,3 +205,94 @@ def test_the_check_catches_a_kept_draft_verified_against_its_old_q(long_model):
     tokens = decoder.generate([1] * 60_000, seeds=9_000_000).tokens
     pvalue, impossible = stream_test(long_model, tokens, cls=1)
     assert impossible > 0 or pvalue < 1e-6
+
+
+# -- proactive drafting (SJD-PAC) ----------------------------------------------------
+PROACTIVE = {
+    "K2": dict(mode="sjd", window=4, proactive=2),
+    "K3-D3": dict(mode="sjd", window=4, proactive=3, proactive_depth=3),
+    "K2-D4-sample-left": dict(mode="sjd", window=5, proactive=2, proactive_depth=4, init="sample-left"),
+    "gsd-G1": dict(mode="gsd", window=4, proactive=3, group_size=1, gsd_delta=1.0),
+    "lantern-delta0": dict(mode="lantern", window=4, proactive=3, lantern_k=2, lantern_delta=0.0),
+}
+
+
+@pytest.mark.parametrize("coupling", ["none", "maximal", "gumbel"])  # none: SJD-PAC as published
+@pytest.mark.parametrize("name", list(PROACTIVE))
+def test_proactive_drafts_follow_the_exact_joint(long_model, coupling, name):
+    tokens = sample(long_model, {**PROACTIVE[name], "draft_coupling": coupling}, n=30_000, seed=4)
+    assert (tokens[:, 2] == long_model.eol).all() and (tokens[:, 5] == long_model.eol).all()
+    pvalue, impossible = stream_test(long_model, tokens, cls=1)
+    assert impossible == 0 and pvalue > 1e-4
+
+
+@pytest.mark.parametrize("coupling", ["none", "maximal"])
+def test_proactive_drafts_with_a_temperature_follow_the_exact_joint(long_model, coupling):
+    config = DecodeConfig(mode="sjd", window=4, proactive=3, draft_coupling=coupling, cfg_scale=CFG, top_k=TOP_K,
+                          temperature=0.6)
+    tokens = SpeculativeDecoder(long_model, config).generate([0] * 30_000, seeds=8_000_000).tokens
+    pvalue, impossible = stream_test(long_model, tokens, cls=0, temperature=0.6)
+    assert impossible == 0 and pvalue > 1e-4
+
+
+@pytest.mark.parametrize("coupling", ["none", "maximal"])
+def test_proactive_drafts_at_batch_one_follow_the_exact_joint(coupling):
+    small = TabularAdapter(image=3, length=4, forced=(1,), seed=5)
+    config = DecodeConfig(mode="sjd", window=3, proactive=3, draft_coupling=coupling, cfg_scale=CFG, top_k=3)
+    decoder = SpeculativeDecoder(small, config)
+    tokens = torch.cat([decoder.generate([0], seeds=[s]).tokens for s in range(600)])
+    pvalue, impossible = stream_test(small, tokens, cls=0, top_k=3)
+    assert impossible == 0 and pvalue > 1e-4
+
+
+@pytest.mark.parametrize("config", [
+    dict(mode="gsd", window=3, group_size=4, gsd_delta=1.0),
+    dict(mode="lantern", window=3, lantern_k=3, lantern_delta=1.0),
+])
+def test_the_check_still_rejects_biased_modes_on_proactive_drafts(config):
+    peaked = TabularAdapter(seed=3, spread=4.0)
+    tokens = sample(peaked, {**config, "proactive": 3}, n=30_000, seed=2)
+    pvalue, impossible = stream_test(peaked, tokens, cls=1)
+    assert impossible > 0 or pvalue < 1e-6
+
+
+def test_the_check_catches_alternatives_picked_but_tested_as_drawn(long_model, monkeypatch):
+    """An alternative must be a draw from the ``q`` it is tested against: the likeliest
+    token after the window's draft, tested as if drawn, biases the joint, and the check
+    shows it (the authors' code tests residual draws against ``q``, the same kind of bias)."""
+    from spec_ar.sampling import proactive, rng
+
+    real = rng.uniform
+    monkeypatch.setattr(proactive.rng, "uniform", lambda keys, step, stream, positions, lanes=1: (
+        torch.full(positions.shape, 0.5) if stream == rng.PROACTIVE else real(keys, step, stream, positions, lanes)))
+    tokens = sample(long_model, dict(mode="sjd", window=4, proactive=2, draft_coupling="none"), n=60_000, seed=6)
+    pvalue, impossible = stream_test(long_model, tokens, cls=1)
+    assert impossible > 0 or pvalue < 1e-6
+
+
+def test_proactive_drafting_commits_alternatives(long_model, monkeypatch):
+    """The tree is used: some walks leave the window's drafts and commit an alternative."""
+    from spec_ar.sampling import proactive
+
+    seen = []
+    real = proactive.walk
+
+    def spy(*args):
+        out = real(*args)
+        path, counts, new, rejected, on_spine = out
+        seen.append(int(((~on_spine) & (counts > 1) & (path[:, 1] > args[0].levels)).sum()))
+        return out
+
+    monkeypatch.setattr(proactive, "walk", spy)
+    sample(long_model, dict(mode="sjd", window=4, proactive=3), n=2_000, seed=7)
+    assert sum(seen) > 0
+
+
+def test_an_image_does_not_depend_on_its_batch_with_proactive_drafts(long_model):
+    # near its end a sample alone scores a shorter window, so its tree has fewer levels
+    config = DecodeConfig(mode="sjd", window=5, proactive=2, proactive_depth=4, cfg_scale=CFG, top_k=TOP_K)
+    decoder = SpeculativeDecoder(long_model, config)
+    seeds = list(range(200))
+    batch = decoder.generate([1] * len(seeds), seeds=seeds).tokens
+    alone = torch.cat([decoder.generate([1], seeds=[s]).tokens for s in seeds])
+    assert torch.equal(batch, alone)

@@ -48,6 +48,20 @@ def test_a_batch_of_one_on_a_draft_tree_follows_the_exact_joint(tree):
     assert impossible == 0 and pvalue > 1e-4
 
 
+@pytest.mark.parametrize("tree", list(TREES))
+def test_a_head_drafting_trees_drafts_no_chains(tree, monkeypatch):
+    """Trees are drafted from the committed prefix at every step: a chain drafted ahead
+    (after the prefill, as for chains) would be head steps whose drafts nothing reads."""
+    chains = []
+    real = HeadDrafts.extend
+    monkeypatch.setattr(HeadDrafts, "extend", lambda self, *a: chains.append(1) or real(self, *a))
+    target = FeaturedTabularAdapter(seed=3)
+    result = decoder(target, tabular_head(1), mode="sjd", **TREES[tree]).generate([1] * 4, seeds=0)
+    assert result.tokens.shape[0] == 4 and not chains
+    decoder(target, tabular_head(1), mode="sjd", depth=3).generate([1] * 4, seeds=0)
+    assert chains  # the spy sees a chain's drafting
+
+
 def test_the_sibling_by_sibling_walk_is_exact_too(monkeypatch):
     # the exact walk draws once per level and follows the matching child; the relaxed
     # rules test siblings one by one on residuals: with the exact rule both must be lossless

@@ -14,7 +14,8 @@ def ui_to_api(workflow: dict, object_info: dict) -> dict:
 
     Widget values are matched to input names in the node's input order; a seed
     with ``control_after_generate`` is followed by its control value, which the
-    API format drops.  Links become ``[source id, output slot]``.
+    API format drops; widgets a workflow saved before they existed take their defaults, as
+    the page gives them.  Links become ``[source id, output slot]``.
     """
     links = {link[0]: link for link in workflow["links"]}
     api = {}
@@ -31,8 +32,12 @@ def ui_to_api(workflow: dict, object_info: dict) -> dict:
                 kind, opts = spec[0], (spec[1] if len(spec) > 1 else {})
                 is_widget = isinstance(kind, list) or kind in WIDGET_TYPES
                 if is_widget:
+                    if not values:  # saved before the node had this widget: the page shows its default
+                        if name not in linked and "default" in opts:
+                            inputs[name] = opts["default"]
+                        continue
                     value = values.pop(0)
-                    if opts.get("control_after_generate"):
+                    if opts.get("control_after_generate") and values:
                         values.pop(0)
                     if name not in linked:
                         inputs[name] = value
