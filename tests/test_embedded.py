@@ -1,7 +1,6 @@
 """The embedded model: its text encoder, files, loader, training pipeline and demo."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
 
@@ -89,9 +88,9 @@ def test_embedded_keyword_points_at_the_shipped_folder():
 
 def test_a_sibling_trained_on_the_models_codes_drafts_for_it(weights, tmp_path):
     """``--sibling``: the same tokenizer and codes, a GPT of other depth, a folder the
-    loader reads; it drafts for the model, and a sibling of another codebook is refused."""
+    loader reads; it drafts for the model.  (A draft model of another vocabulary is
+    refused by the same check for every family: ``test_detect_and_render``.)"""
     from spec_ar.loaders.detect import load_drafter
-    from spec_ar.sampling import ConfigError
 
     out = tmp_path / "sibling"
     assert train.main(["--sibling", str(weights), "--out", str(out), "--layers", "2", "--quick"]) == 0
@@ -107,7 +106,3 @@ def test_a_sibling_trained_on_the_models_codes_drafts_for_it(weights, tmp_path):
         ["a red circle", "a blue star"], seeds=[0, 1])
     assert res.reports[0].drafter == "embedded text-to-image (LlamaGen architecture, 64 px)"
     assert all(r.nfe < 256 for r in res.reports)
-    other = tmp_path / "other"
-    train.run(dataclasses.replace(TINY, codebook=256), other, log=lambda *a: None)
-    with pytest.raises(ConfigError, match="vocabulary 256 ids, the target's 512"):
-        load_drafter(str(other), target)

@@ -63,11 +63,11 @@ def test_speculative_decoding_samples_the_quantized_models_own_distribution(name
     reference = joint(tiny_adapter(torch.bfloat16))
     assert max(abs(exact[s] - reference[s]) for s in exact) > 1e-4, "quantizing changed the model"
     adapter.joint = lambda cls, cfg, top_k, temperature=1.0: exact  # what stream_test compares with
-    for mode in ("sjd", "ar"):
-        config = DecodeConfig(mode=mode, window=3, cfg_scale=1.0, top_k=None, top_p=1.0, temperature=1.0)
-        tokens = SpeculativeDecoder(adapter, config).generate([1] * 20_000, seeds=7).tokens
-        pvalue, impossible = stream_test(adapter, tokens, cls=1, cfg=1.0, top_k=None)
-        assert impossible == 0 and pvalue > 1e-4, (mode, pvalue)
+    # (no `ar` run beside it: a wrong joint would fail this one too, as the test below shows)
+    config = DecodeConfig(mode="sjd", window=3, cfg_scale=1.0, top_k=None, top_p=1.0, temperature=1.0)
+    tokens = SpeculativeDecoder(adapter, config).generate([1] * 20_000, seeds=7).tokens
+    pvalue, impossible = stream_test(adapter, tokens, cls=1, cfg=1.0, top_k=None)
+    assert impossible == 0 and pvalue > 1e-4, pvalue
 
 
 def test_the_check_would_see_full_precision_sampling_against_a_quantized_joint():
