@@ -9,14 +9,14 @@ from .output_folders import writable_folder, write_all
 
 
 def _demo(args) -> int:
-    from .embedded.demo import run
+    from .embedded_tools.demo import run
 
     run(writable_folder(args.out, "--out"), seed=args.seed)
     return 0
 
 
 def _train_embedded(args) -> int:
-    from .embedded.train import main as train
+    from .embedded_tools.train import main as train
 
     return train(args.rest)
 
@@ -34,7 +34,7 @@ def _bench(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from .embedded.evaluate import main as evaluate
+    from .embedded_tools.evaluate import main as evaluate
 
     return evaluate(args.rest)
 

@@ -272,7 +272,7 @@ def run(args, log=print) -> dict:
     probe = None
     if model.family == "embedded" and args.quality_images:
         from ..embedded import judge as judging
-        from ..embedded.quality import QualityProbe
+        from ..embedded_tools.quality import QualityProbe
         from ..loaders import embedded
 
         probe = QualityProbe(model, judging.load_judge(embedded.FOLDER / "judge.safetensors"), args.quality_images,
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
     """``spec-ar bench [options]``, ``spec-ar bench overhead [options]`` (the engine's own cost), or
     ``spec-ar bench storage [options]`` (weight storage options side by side), or ``spec-ar bench gpu
     [options]`` (bandwidth, 7B-class forwards against their floor, the embedded model per mode)."""
-    from ..embedded.demo import PROMPTS
+    from ..embedded_tools.demo import PROMPTS
     from .sweeps import sweep_help
 
     argv = list(argv or [])

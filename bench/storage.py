@@ -101,7 +101,7 @@ def quality(args, log=print) -> dict:
     import numpy as np
 
     from ..embedded import judge as judging
-    from ..embedded.quality import QualityProbe, to_uint8
+    from ..embedded_tools.quality import QualityProbe, to_uint8
     from ..loaders import embedded
     from ..loaders.detect import load_model
     from ..sampling import DecodeConfig, SpeculativeDecoder

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from ..formats.checkpoints import CheckpointError, load_file, state_dict
-from ..formats.yaml_subset import load_yaml
 from .blocks import AttnBlock, Downsample, ResnetBlock, Upsample, decoder_bytes, norm, swish, unit_range
 
 YAML_NAME, CKPT_NAME = "vqgan.yaml", "vqgan.ckpt"
@@ -104,9 +103,11 @@ class VQGANSpec:
         path = pathlib.Path(path)
         if not path.is_file():
             raise CheckpointError(f"{path}: no such file")
-        try:
-            cfg = load_yaml(path.read_text(encoding="utf-8"))
-        except ValueError as err:  # UnicodeDecodeError is one too
+        import yaml  # PyYAML: transformers needs it, and every ComfyUI has it
+
+        try:  # safe_load: plain data only, never a tag that builds Python objects
+            cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (ValueError, yaml.YAMLError) as err:  # UnicodeDecodeError is a ValueError
             raise CheckpointError(f"{path}: cannot be parsed as yaml ({err})") from err
         return cls.from_config(cfg, str(path))
 

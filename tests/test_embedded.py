@@ -7,7 +7,8 @@ import pathlib
 import pytest
 import torch
 
-from spec_ar.embedded import domain, train
+from spec_ar.embedded import domain
+from spec_ar.embedded_tools import train
 from spec_ar.embedded.recipe import Recipe
 from spec_ar.embedded.text import TextEncoder
 from spec_ar.loaders import embedded
@@ -64,7 +65,7 @@ def test_the_weights_are_small(weights):
 
 def test_render_and_demo_with_the_embedded_model(weights, tmp_path, capsys):
     from spec_ar.cli import main
-    from spec_ar.embedded.demo import run
+    from spec_ar.embedded_tools.demo import run
 
     assert main(["render", "--model", str(weights), "--prompt", "a red circle", "--mode", "vvs",
                  "--out", str(tmp_path / "r")]) == 0

@@ -5,7 +5,7 @@ import torch
 import pytest
 
 from spec_ar.embedded import domain, judge as judging
-from spec_ar.embedded.quality import generate, scenes_and_prompts
+from spec_ar.embedded_tools.quality import generate, scenes_and_prompts
 from spec_ar.loaders import embedded
 from spec_ar.sampling import DecodeConfig
 
@@ -102,7 +102,7 @@ def test_no_code_makes_the_decoder_draw_a_spot(model):
     its own colour; and put as a 2 x 2 patch into pictures the model drew, it makes no
     droplet: no position of any GroupNorm input in the decoder many times its map's RMS,
     which is what a small round spot in the picture is made of (``train.Spikes``)."""
-    from spec_ar.embedded.train import Spikes
+    from spec_ar.embedded_tools.train import Spikes
     from spec_ar.sampling import SpeculativeDecoder
 
     vq, grid, n = model.modules["vq"], model.info["grid"], model.adapter.vocab_size

@@ -1,13 +1,9 @@
 """Layers that point one way: the imports between the pack's top-level parts.
 
-A part is a top-level folder or module (``sampling``, ``loaders``, ``cli.py`` ...),
-with one split: ``embedded/`` holds both the shipped model's definition
-(``recipe.py``, ``text.py``, ``domain.py``: what ``loaders/embedded.py`` needs to
-rebuild the model) and the programs that train, demo and evaluate it through the
-loaders.  The definition is its own part, ``embedded.model``, below ``loaders``; the
-programs stay ``embedded``, above it.  Moving the three files into a folder of their
-own would make the folder graph acyclic as it stands, but would part the shipped
-model from its weights and training code; the split states the same rule in place.
+A part is a top-level folder or module (``sampling``, ``loaders``, ``cli.py`` ...).
+The shipped model's definition (``embedded/``: what ``loaders/embedded.py`` rebuilds it
+from) and the programs that train, demo and evaluate it through the loaders
+(``embedded_tools/``) are two folders on two layers.
 
 The graph is read from the source tree: every ``.py`` outside ``tests/``, relative
 imports and absolute ``spec_ar.`` ones, imports inside functions included (they
@@ -21,17 +17,16 @@ from collections import defaultdict
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SKIP = {"tests", "build", "out", "__pycache__"}
-EMBEDDED_MODEL = {"recipe", "text", "domain"}
 
 #: lowest first; a part imports only parts of lower layers
 LAYERS = [
-    {"formats"},  # checkpoint files, the YAML subset
+    {"formats"},  # checkpoint files
     {"sampling"},  # the engine
     {"charts", "prompt_files", "output_folders"},  # small helpers several surfaces share
     {"decoders"},  # VQ decoders
-    {"embedded.model"},  # the shipped model's definition
+    {"embedded"},  # the shipped model: its definition, world and judge
     {"loaders"},  # model families -> engine adapters
-    {"embedded"},  # training, demo, evaluation and judge of the shipped model
+    {"embedded_tools"},  # training, demo and evaluation of the shipped model
     {"training"},  # draft heads for any model (the embedded one's prompts come from its world)
     {"bench", "benchmarks"},
     {"workflows"},  # ComfyUI's workflow formats
@@ -61,10 +56,7 @@ def is_module(name: str) -> bool:
 
 
 def part_of(module: str) -> str:
-    first, _, rest = module.partition(".")
-    if first == "embedded" and rest.split(".")[0] in EMBEDDED_MODEL:
-        return "embedded.model"
-    return first
+    return module.partition(".")[0]
 
 
 def imports(path: pathlib.Path) -> list[tuple[int, str]]:
@@ -149,10 +141,10 @@ def test_the_graph_is_read_from_the_source():
     edges = graph()
     assert any(imp.startswith("loaders/detect.py:") and imp.endswith("imports formats.checkpoints")
                for imp in edges["loaders", "formats"])
-    assert ("decoders", "formats") in edges and ("loaders", "decoders") in edges and ("loaders", "embedded.model") in edges
+    assert ("decoders", "formats") in edges and ("loaders", "decoders") in edges and ("loaders", "embedded") in edges
     assert any("imports bench.run" in imp for imp in edges["cli", "bench"])  # an import inside a function
     assert any(imp.startswith("__init__.py:") for imp in edges["__init__", "nodes"])  # the entry point's `from .nodes`
-    assert ("embedded", "loaders") in edges and ("embedded.model", "sampling") in edges
+    assert ("embedded_tools", "loaders") in edges and ("embedded", "sampling") in edges
 
 
 def test_the_cycle_finder_finds_cycles():
@@ -192,8 +184,7 @@ def test_formats_imports_nothing_of_the_pack():
 
 
 def test_loaders_and_decoders_import_no_training_bench_or_node_code():
-    above = {"embedded",  # train.py, judge.py, evaluate.py, demo.py; not the model's definition
-             "bench", "benchmarks", "nodes", "cli", "queue_client", "workflows", "__init__"}
+    above = {"embedded_tools", "training", "bench", "benchmarks", "nodes", "cli", "queue_client", "workflows", "__init__"}
     bad = offending(graph(), {"loaders", "decoders"}, lambda dst: dst not in above)
     assert not bad, "loaders/ and decoders/ import training, bench, node or command-line code:\n" + "\n".join(bad)
 

@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from spec_ar.decoders.vqgan import VQGANDecoder, VQGANModel, VQGANSpec, find_vqgan
 from spec_ar.formats.checkpoints import CheckpointError
-from spec_ar.formats.yaml_subset import load_yaml, parse_simple_yaml
 
 from .vqgan_files import TINY, TINY_ATTN, TINY_FLAT, Callback, random_vqgan, write_vqgan, yaml_text
 
@@ -29,7 +28,7 @@ def _codes(spec: VQGANSpec, b=2, h=2, w=3, seed=0):
 
 # -- the architecture ----------------------------------------------------------
 def test_the_released_config_has_metas_module_names_and_shapes():
-    spec = VQGANSpec.from_config(load_yaml(yaml_text(VQGANSpec())))
+    spec = VQGANSpec.from_config(yaml.safe_load(yaml_text(VQGANSpec())))
     assert spec == VQGANSpec() and spec.downsample == 16 and spec.ch_mult == (1, 1, 2, 2, 4)
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in VQGANModel(spec).state_dict().items()}
@@ -272,72 +271,13 @@ def test_codes_out_of_range_are_refused(files):
         dec.decode(torch.zeros(4, dtype=torch.long))
 
 
-# -- yaml without PyYAML -----------------------------------------------------------
-EXPECTED_ATTN = {"model": {
-    "base_learning_rate": 4.5e-06, "target": "taming.models.vqgan.VQModel",
-    "params": {"embed_dim": 8, "n_embed": 64,
-               "ddconfig": {"double_z": False, "z_channels": 16, "resolution": 32, "in_channels": 3, "out_ch": 3,
-                            "ch": 32, "ch_mult": [1, 1, 2], "num_res_blocks": 1, "attn_resolutions": [8],
-                            "dropout": 0.0},
-               "lossconfig": {"target": "taming.modules.losses.vqperceptual.VQLPIPSWithDiscriminator",
-                              "params": {"disc_conditional": False, "disc_in_channels": 3, "disc_start": 100000000,
-                                         "disc_weight": 0.2, "codebook_weight": 1.0}}}}}
-
-TRICKY = """# a comment
----
-name: "quoted: # not a comment"
-single: 'it''s'
-plain: taming.models.vqgan.VQModel  # trailing comment
-apostrophe: don't # comment
-empty:
-nothing: null
-tilde: ~
-flags: [true, False, yes, off]
-numbers: [1, -2, +3, 1_000, 0.5, 4.5e-06, 1e-6, .5, 1., -.inf, .NaN]
-flow_map: {a: 1, b: [x, 'y, z'], c: {d: null}}
-url: http://example.com/a:b
-items:
-- 1
-- [2, 3]
--
-  - nested
-- key: value
-  other: 2
-- "- not an item"
-indented_items:
-  - a
-  -   b
-last: end
-"""
-
-
-def test_fallback_yaml_parser_reads_the_config():
-    assert parse_simple_yaml(yaml_text(TINY_ATTN)) == EXPECTED_ATTN
-    parsed = parse_simple_yaml(TRICKY)
-    assert parsed["name"] == "quoted: # not a comment" and parsed["single"] == "it's"
-    assert parsed["empty"] is None and parsed["nothing"] is None and parsed["tilde"] is None
-    assert parsed["flags"] == [True, False, True, False]
-    assert parsed["numbers"][:9] == [1, -2, 3, 1000, 0.5, 4.5e-06, "1e-6", 0.5, 1.0]  # 1e-6 is a string in YAML 1.1
-    assert parsed["flow_map"] == {"a": 1, "b": ["x", "y, z"], "c": {"d": None}}
-    assert parsed["items"] == [1, [2, 3], ["nested"], {"key": "value", "other": 2}, "- not an item"]
-    assert parsed["indented_items"] == ["a", "b"] and parsed["last"] == "end" and parsed["url"].endswith("a:b")
-    for bad in ("a: &anchor 1\n", "a:\n  - 1\n b: 2\n", "a: [1, 2\n", "a: |\n  text\n"):
-        with pytest.raises(ValueError):
-            parse_simple_yaml(bad)
-
-
-@pytest.mark.parametrize("text", [yaml_text(s) for s in (VQGANSpec(), TINY, TINY_ATTN)] + [TRICKY])
-def test_fallback_yaml_parser_agrees_with_pyyaml(text):
-    yaml = pytest.importorskip("yaml")
-    expected, parsed = yaml.safe_load(text), parse_simple_yaml(text)
-    if "numbers" in expected:  # nan != nan
-        expected["numbers"], parsed["numbers"] = expected["numbers"][:-1], parsed["numbers"][:-1]
-    assert parsed == expected
-
-
-def test_loading_works_without_pyyaml(files, monkeypatch):
-    monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` now raises ImportError
-    with pytest.raises(ImportError):
-        import yaml  # noqa: F401
-    dec = VQGANDecoder.load(*files["attn"])
-    assert dec.spec == TINY_ATTN
+# -- yaml -----------------------------------------------------------------------------
+def test_a_yaml_that_would_build_python_objects_is_refused(files, tmp_path):
+    """Tokenizer configs are read with ``yaml.safe_load``: a tag that would construct a
+    Python object is an error naming the file, and nothing runs."""
+    yaml_path, ckpt_path = files["attn"]
+    bad = tmp_path / "vqgan.yaml"
+    bad.write_text(yaml_path.read_text() + "hook: !!python/object/apply:os.system ['touch ran']\n")
+    with pytest.raises(CheckpointError, match="cannot be parsed as yaml"):
+        VQGANDecoder.load(bad, ckpt_path)
+    assert not (tmp_path / "ran").exists()

@@ -238,7 +238,7 @@ def run(args, log=print) -> dict:
     if args.prompts:
         prompts = read_prompts(args.prompts, f"--prompts {args.prompts}")
     elif detect(args.model).family == "embedded":  # captions of random scenes of its world
-        from ..embedded.quality import scenes_and_prompts
+        from ..embedded_tools.quality import scenes_and_prompts
 
         prompts = scenes_and_prompts(args.images, EMBEDDED_PROMPT_SEED)[1]
     else:

@@ -37,10 +37,10 @@ import torch.nn.functional as F
 from ..decoders.vq16 import VQModel
 from ..loaders.embedded import gpt_spec, vq_spec
 from ..loaders.llamagen import LlamaGenGPT
-from .recipe import Recipe
-from .text import TextEncoder, left_pad
+from ..embedded.recipe import Recipe
+from ..embedded.text import TextEncoder, left_pad
 
-WEIGHTS = pathlib.Path(__file__).with_name("weights")
+WEIGHTS = pathlib.Path(__file__).parents[1] / "embedded" / "weights"
 
 
 def _to_tensor(images: np.ndarray) -> torch.Tensor:
@@ -262,7 +262,7 @@ def save(out: pathlib.Path, r: Recipe, vq: VQModel, gpt: LlamaGenGPT, text: Text
 
 
 def run(r: Recipe, out: pathlib.Path = WEIGHTS, log=print) -> dict:
-    from . import domain, judge
+    from ..embedded import domain, judge
 
     stats = {}
     t0 = time.perf_counter()
@@ -348,7 +348,7 @@ def decoder_only(folder: pathlib.Path, out: pathlib.Path, quick: bool = False, l
     import shutil
 
     from ..loaders import embedded
-    from . import domain
+    from ..embedded import domain
 
     model = embedded.load(folder)
     config = json.loads((folder / "config.json").read_text())
@@ -376,7 +376,7 @@ def sibling(folder: pathlib.Path, out: pathlib.Path, layers: int = 2, quick: boo
     import shutil
 
     from ..loaders import embedded
-    from . import domain
+    from ..embedded import domain
 
     model = embedded.load(folder)
     config = json.loads((folder / "config.json").read_text())

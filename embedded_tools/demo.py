@@ -23,7 +23,7 @@ from ..prompt_files import read_prompts
 from .quality import to_uint8
 
 MODES = ("ar", "sjd", "gsd", "lantern", "vvs")
-PROMPTS = pathlib.Path(__file__).with_name("prompts.txt")
+PROMPTS = pathlib.Path(__file__).parents[1] / "embedded" / "prompts.txt"
 SINGLE = 3  # prompts timed one at a time (batch 1), each mode in turn
 
 

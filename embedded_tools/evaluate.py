@@ -20,7 +20,7 @@ import pathlib
 import time
 
 from ..sampling import DecodeConfig
-from . import judge as judging
+from ..embedded import judge as judging
 from .quality import QualityProbe
 
 
@@ -49,7 +49,7 @@ def tokenizer_quality(model, n: int = 512, seed: int = 999) -> dict:
     import numpy as np
     import torch
 
-    from . import domain
+    from ..embedded import domain
     from .train import Spikes, _to_tensor
 
     vq = model.modules["vq"].float()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..sampling import DecodeConfig, SpeculativeDecoder
-from . import domain, judge as judging
+from ..embedded import domain, judge as judging
 
 OTHER_SEEDS = 10**5  # the noise floor's second seed set starts here
 REAL_SEEDS = 10**6  # the renderer's noise seeds for the real images
