@@ -133,8 +133,9 @@ def _download(args) -> int:
     root = pathlib.Path(args.to) if args.to else downloads.default_root()
     if args.list or not args.name:
         have = downloads.present(root)
+        width = max(map(len, downloads.RELEASES))
         for r in downloads.RELEASES.values():
-            print(f"{r.name:22s} {'on disk' if r.name in have else '-':8s} {r.what}")
+            print(f"{r.name:{width}s} {'on disk' if r.name in have else '-':8s} {r.what}")
         return 0 if args.list else 2
 
     def progress(done, total):

@@ -46,6 +46,7 @@ class Release:
 
 
 _HF = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken")  # a transformers folder
+_HEAD = ("config.json", "pytorch_model.bin")  # a LANTERN draft head
 _VQGAN = Source("GAIR/Anole-7b-v0.1", ("tokenizer/vqgan.yaml", "tokenizer/vqgan.ckpt"))  # Meta's VQGAN
 
 RELEASES = {r.name: r for r in (
@@ -75,7 +76,18 @@ RELEASES = {r.name: r for r in (
             (Source("GAIR/Anole-7b-v0.1", ("models/7b/*", "tokenizer/*")),)),
     Release("Emu3-Gen-hf", "emu3", "Emu3-Gen 8B, 720 px (decoder included)",
             (Source("Emu3-community/Emu3-Gen-hf", _HF),)),
+    # LANTERN's trained draft heads (jadohu/LANTERN's README: config.json and pytorch_model.bin each)
+    Release("LANTERN-drafter-LlamaGen-t2i-XL-256", "drafter",
+            "LANTERN's draft head for LlamaGen-XL text-to-image stage I, 256 px (LlamaGen-t2i-XL-256)",
+            (Source("jadohu/llamagen_drafter", _HEAD),)),
+    Release("LANTERN-drafter-LlamaGen-t2i-XL-512", "drafter",
+            "LANTERN's draft head for LlamaGen-XL text-to-image stage II, 512 px (LlamaGen-t2i-XL-512)",
+            (Source("jadohu/llamagen2_drafter", _HEAD),)),
+    Release("LANTERN-drafter-Anole-7b", "drafter", "LANTERN's draft head for Anole 7B (Anole-7b-v0.1)",
+            (Source("jadohu/anole_drafter", _HEAD),)),
 )}
+#: what each kind of release is loaded by: its families
+KINDS = {"model": None, "text encoder": ("t5",), "drafter": ("drafter",)}
 
 
 def present(root: pathlib.Path) -> set[str]:
@@ -83,11 +95,16 @@ def present(root: pathlib.Path) -> set[str]:
     return {name for name in RELEASES if (pathlib.Path(root) / name).is_dir()}
 
 
-def missing(root: pathlib.Path, text_encoders: bool = False) -> list[str]:
-    """The loader's labels for the releases not on disk under ``root``: the models, or
-    (``text_encoders``) the text encoders."""
+def kind_of(release: Release) -> str:
+    """``model``, ``text encoder`` or ``drafter``: which loader offers the release."""
+    return next((k for k, families in KINDS.items() if families and release.family in families), "model")
+
+
+def missing(root: pathlib.Path, kind: str = "model") -> list[str]:
+    """The labels of the releases of ``kind`` (:data:`KINDS`) not on disk under ``root``,
+    as the loader that offers them lists them."""
     have = present(root)
-    return [PREFIX + name for name, r in RELEASES.items() if name not in have and (r.family == "t5") == text_encoders]
+    return [PREFIX + name for name, r in RELEASES.items() if name not in have and kind_of(r) == kind]
 
 
 def release_of(label: str) -> Release | None:

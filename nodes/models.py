@@ -222,7 +222,7 @@ class LoadARImageModel(io.ComfyNode):
         models = [common.EMBEDDED] + common.list_models(folders()) + (downloads.missing(root) if root else [])
         vqs = [AUTO_VQ] + [m for m in common.list_models(folders()) if "vq" in m.lower()]
         texts = [NO_TEXT_ENCODER] + [m for m in common.list_models(folders()) if "t5" in m.lower()] + (
-            downloads.missing(root, text_encoders=True) if root else [])
+            downloads.missing(root, "text encoder") if root else [])
         return io.Schema(
             node_id="SpecAR_LoadModel", display_name="Load AR Image Model", category="SpeculativeAR",
             description="Loads an autoregressive image model (LlamaGen, Janus / Janus-Pro, or the embedded demo "
@@ -329,17 +329,23 @@ SHIPPED_DRAFTERS = {common.EMBEDDED_DRAFTER: "embedded", common.EMBEDDED_SIBLING
 class LoadDrafter(io.ComfyNode):
     @classmethod
     def define_schema(cls):
+        from ..loaders import downloads
+
+        root = download_root()
+        missing = downloads.missing(root, "drafter") if root else []
         return io.Schema(
             node_id="SpecAR_LoadDrafter", display_name="Load Drafter", category="SpeculativeAR",
             description="A draft model for the sampler's drafter input, in place of Jacobi self-drafting: a draft "
                         "head (LANTERN's released drafters, or one made by spec-ar train-drafter) or a smaller "
                         "sibling of the model with the same codebook and grid. Checked against the model here.",
             inputs=[
-                io.Combo.Input("drafter", options=list(SHIPPED_DRAFTERS) + common.list_models(folders()),
+                io.Combo.Input("drafter", options=list(SHIPPED_DRAFTERS) + common.list_models(folders()) + missing,
                                default=common.EMBEDDED_DRAFTER,
                                tooltip="A draft head folder (config.json + weights) or a model in models/spec_ar; "
                                        "the embedded model's own head and a smaller sibling of it (two layers "
-                                       "in place of six) ship with the pack."),
+                                       "in place of six) ship with the pack; LANTERN's released heads not on "
+                                       "disk yet ('download: ...') are fetched into models/spec_ar/<name>/ on "
+                                       "first use, with progress, and checked before use."),
                 ARModel.Input("model", tooltip="The model it drafts for (from Load AR Image Model)."),
             ],
             outputs=[Drafter.Output(display_name="drafter", tooltip="For the sampler's drafter input.")],
@@ -347,6 +353,14 @@ class LoadDrafter(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, drafter=None, model=None):
+        from ..loaders import downloads
+
+        if isinstance(drafter, str) and drafter.startswith(downloads.PREFIX):
+            release = downloads.release_of(drafter)
+            if release is None or downloads.kind_of(release) != "drafter":
+                known = [n for n, r in downloads.RELEASES.items() if downloads.kind_of(r) == "drafter"]
+                return f"drafter: {drafter!r} is not a known drafter release ({', '.join(known)})"
+            return True
         if drafter is not None and drafter not in SHIPPED_DRAFTERS:
             try:
                 common.resolve_model(drafter, folders())
@@ -359,6 +373,6 @@ class LoadDrafter(io.ComfyNode):
         from ..loaders.detect import load_drafter
 
         loaded = model.loaded
-        path = SHIPPED_DRAFTERS.get(drafter) or str(common.resolve_model(drafter, folders()))
+        path = SHIPPED_DRAFTERS.get(drafter) or str(fetched(drafter) or common.resolve_model(drafter, folders()))
         dtype = loaded.storage.name if loaded.storage is not None else loaded.dtype  # a sibling as its target
         return io.NodeOutput(load_drafter(path, loaded, None, loaded.device, dtype, option="drafter"))

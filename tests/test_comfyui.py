@@ -142,6 +142,9 @@ def test_pack_registers_its_nodes_with_tooltips(server, object_info):
     texts = object_info["SpecAR_LoadModel"]["input"]["optional"]["text_encoder"][1]["options"]
     assert "flan-t5-xl" in texts and "download: flan-t5-xl" not in texts + models  # on disk here
     assert not any(t.startswith("download: ") for t in texts)  # no image model among the text encoders
+    drafters = object_info["SpecAR_LoadDrafter"]["input"]["required"]["drafter"][1]["options"]
+    assert "download: LANTERN-drafter-Anole-7b" in drafters and "download: LANTERN-drafter-Anole-7b" not in models
+    assert not any(d.startswith("download: ") and "drafter" not in d for d in drafters)
     assert object_info["SpecAR_PromptList"]["output_is_list"] == [True, False]
 
 

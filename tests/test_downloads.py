@@ -116,7 +116,7 @@ def test_every_release_names_its_files_and_families_the_loaders_know():
 
     for release in downloads.RELEASES.values():
         assert release.sources and all(s.repo.count("/") == 1 and s.files for s in release.sources)
-        assert release.family in BY_NAME or release.family == "t5", release
+        assert release.family in BY_NAME or release.family in ("t5", "drafter"), release
 
 
 def test_the_command_line_downloads_and_lists(hub, tmp_path, capsys):
@@ -127,6 +127,39 @@ def test_the_command_line_downloads_and_lists(hub, tmp_path, capsys):
     assert pathlib.Path(capsys.readouterr().out.strip()) == root / NAME
     assert main(["download", "--list", "--to", str(root)]) == 0
     listed = capsys.readouterr().out
-    assert f"{NAME:22s} on disk" in listed and "Janus-Pro-7B" in listed
+    width = max(map(len, downloads.RELEASES))
+    assert f"{NAME:{width}s} on disk" in listed and "Janus-Pro-7B" in listed
     assert main(["download", "nothing-like-it", "--to", str(root)]) == 2
     assert "not a known release" in capsys.readouterr().err
+
+
+def test_lanterns_drafters_are_offered_by_the_drafter_loader_and_download_into_heads_it_loads(
+        monkeypatch, tmp_path):
+    """LANTERN's released heads are drafter releases: the Load Drafter lists them (the
+    model loader does not), and a downloaded one drafts for its target."""
+    from spec_ar.loaders import llamagen
+    from spec_ar.loaders.detect import load_drafter
+
+    from .checkpoints import write_lantern_head, write_t5
+
+    name = "LANTERN-drafter-LlamaGen-t2i-XL-256"
+    root = tmp_path / "models"
+    assert downloads.PREFIX + name in downloads.missing(root, "drafter")
+    assert downloads.PREFIX + name not in downloads.missing(root) + downloads.missing(root, "text encoder")
+    head = write_lantern_head(tmp_path / "head", hidden=128, heads=2, vocab=1024)
+    repo = {p.name: p.read_bytes() for p in head.iterdir()} | {"generation_config.json": b"{}"}
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with FakeHub({"jadohu/llamagen_drafter": repo}) as hub:
+        folder = downloads.download(name, root, endpoint=hub.url)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "pytorch_model.bin"]  # what the loader reads
+    gpt = write_gpt(tmp_path / "t2i.pt", random_gpt(tiny_gpt_spec("t2i", cond_tokens=120), seed=1))
+    model = llamagen.load(gpt, write_vq(tmp_path / "vq.pt"), write_t5(tmp_path / "t5"), resolution=256)
+    source = load_drafter(folder, model)
+    assert source.name and source.head is not None
+
+
+def test_the_docs_list_every_release_as_the_table_declares_it():
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
+    for r in downloads.RELEASES.values():
+        assert f"| `{r.name}` | {', '.join(s.repo for s in r.sources)} | {r.what} |" in text, r.name
