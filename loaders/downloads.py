@@ -86,8 +86,6 @@ RELEASES = {r.name: r for r in (
     Release("LANTERN-drafter-Anole-7b", "drafter", "LANTERN's draft head for Anole 7B (Anole-7b-v0.1)",
             (Source("jadohu/anole_drafter", _HEAD),)),
 )}
-#: what each kind of release is loaded by: its families
-KINDS = {"model": None, "text encoder": ("t5",), "drafter": ("drafter",)}
 
 
 def present(root: pathlib.Path) -> set[str]:
@@ -97,11 +95,11 @@ def present(root: pathlib.Path) -> set[str]:
 
 def kind_of(release: Release) -> str:
     """``model``, ``text encoder`` or ``drafter``: which loader offers the release."""
-    return next((k for k, families in KINDS.items() if families and release.family in families), "model")
+    return {"t5": "text encoder", "drafter": "drafter"}.get(release.family, "model")
 
 
 def missing(root: pathlib.Path, kind: str = "model") -> list[str]:
-    """The labels of the releases of ``kind`` (:data:`KINDS`) not on disk under ``root``,
+    """The labels of the releases of ``kind`` (:func:`kind_of`) not on disk under ``root``,
     as the loader that offers them lists them."""
     have = present(root)
     return [PREFIX + name for name, r in RELEASES.items() if name not in have and kind_of(r) == kind]

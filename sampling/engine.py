@@ -440,8 +440,12 @@ class SpeculativeDecoder:
             on_path = ~on_spine.unsqueeze(1) & (depth >= 0) & (depth < counts.unsqueeze(1))
             walked = path.gather(1, depth.clamp(0, levels))
             nodes = torch.where(on_path, sp.walk_rows.gather(1, walked), window)  # forward rows by window row
+            # the window's rows (a view of `every`, read for nothing else now) take the path's at its
+            # levels: only those rows can differ
+            rows = r0.unsqueeze(1) + st.arange(levels + 1)
             V = probs.shape[-1]
-            probs = every.gather(1, nodes.unsqueeze(-1).expand(-1, -1, V))
+            probs.scatter_(1, rows.unsqueeze(-1).expand(-1, -1, V),
+                           every.gather(1, nodes.gather(1, rows).unsqueeze(-1).expand(-1, -1, V)))
         # next drafts (Jacobi: the tail); the new token lands after them
         self.drafter.after_verify(st, probs, drawn, passed)
         if nodes is not None:

@@ -39,8 +39,8 @@ MAX_LEVELS = 8  # more than the depth knob allows
 
 
 @lru_cache(maxsize=None)
-def shape(K: int, levels: int) -> tuple[list[int], list[int], list[int]]:
-    """The tree's nodes beyond the spine, parents first: ``(parents, depths, ranks)``,
+def shape(K: int, levels: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree's nodes beyond the spine, parents first: ``(parents, depths, ranks)`` on ``device``,
     where a parent is a *walk index* (``0 .. levels``: the spine node at that depth,
     ``levels + 1 + e``: extra node ``e``) and ``rank`` which of its level's ``K`` tokens a
     node carries (0: the spine's draft)."""
@@ -53,7 +53,7 @@ def shape(K: int, levels: int) -> tuple[list[int], list[int], list[int]]:
                 parents.append(index[digits[:-1]])
                 depths.append(d)
                 ranks.append(digits[-1])
-    return parents, depths, ranks
+    return tuple(torch.tensor(v, device=device) for v in (parents, depths, ranks))
 
 
 @dataclass
@@ -96,7 +96,7 @@ def sprout(st, inp: torch.Tensor, base: torch.Tensor, r0: torch.Tensor, K: int, 
     if st.any_forced:  # a forced position has one token: no alternatives
         level_ok[..., 1:] &= (st.forced_at[pos[:, 1:]] < 0).unsqueeze(-1)
 
-    parents, depths, ranks = (torch.tensor(v, device=device) for v in shape(K, levels))
+    parents, depths, ranks = shape(K, levels, str(device))  # built once per shape and device
     at = (depths - 1) * K + ranks  # index into a level's K tokens, flattened
     tokens = level_tok.flatten(1)[:, at]
     own_ok = level_ok.flatten(1)[:, at]

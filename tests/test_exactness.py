@@ -155,32 +155,37 @@ def test_coupled_drafts_follow_the_exact_joint(long_model, coupling, name):
     assert impossible == 0 and pvalue > 1e-4
 
 
-@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
-def test_coupled_drafts_with_a_temperature_follow_the_exact_joint(long_model, coupling):
-    config = DecodeConfig(mode="sjd", window=4, draft_coupling=coupling, cfg_scale=CFG, top_k=TOP_K, temperature=0.6)
-    tokens = SpeculativeDecoder(long_model, config).generate([0] * 30_000, seeds=7_000_000).tokens
+@pytest.mark.parametrize("drafting,seed", [(dict(draft_coupling="maximal"), 7), (dict(draft_coupling="gumbel"), 7),
+                                           (dict(draft_coupling="none", proactive=3), 8),  # SJD-PAC as published
+                                           (dict(draft_coupling="maximal", proactive=3), 8)])
+def test_coupled_and_proactive_drafts_with_a_temperature_follow_the_exact_joint(long_model, drafting, seed):
+    config = DecodeConfig(mode="sjd", window=4, cfg_scale=CFG, top_k=TOP_K, temperature=0.6, **drafting)
+    tokens = SpeculativeDecoder(long_model, config).generate([0] * 30_000, seeds=seed * 1_000_000).tokens
     pvalue, impossible = stream_test(long_model, tokens, cls=0, temperature=0.6)
     assert impossible == 0 and pvalue > 1e-4
 
 
-@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
-def test_coupled_drafts_at_batch_one_follow_the_exact_joint(coupling):
+@pytest.mark.parametrize("drafting", [dict(draft_coupling="maximal"), dict(draft_coupling="gumbel"),
+                                      # top-k 3 leaves room for alternatives
+                                      dict(draft_coupling="none", proactive=3, top_k=3),
+                                      dict(draft_coupling="maximal", proactive=3, top_k=3)])
+def test_coupled_and_proactive_drafts_at_batch_one_follow_the_exact_joint(drafting):
     small = TabularAdapter(image=3, length=4, forced=(1,), seed=5)
-    config = DecodeConfig(mode="sjd", window=3, draft_coupling=coupling, cfg_scale=CFG, top_k=2)
+    config = DecodeConfig(**{"mode": "sjd", "window": 3, "cfg_scale": CFG, "top_k": 2, **drafting})
     decoder = SpeculativeDecoder(small, config)
     tokens = torch.cat([decoder.generate([0], seeds=[s]).tokens for s in range(600)])
-    pvalue, impossible = stream_test(small, tokens, cls=0, top_k=2)
+    pvalue, impossible = stream_test(small, tokens, cls=0, top_k=config.top_k)
     assert impossible == 0 and pvalue > 1e-4
 
 
-@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
+@pytest.mark.parametrize("drafting", [dict(draft_coupling="maximal"), dict(draft_coupling="gumbel"), dict(proactive=3)])
 @pytest.mark.parametrize("config", [
     dict(mode="gsd", window=3, group_size=4, gsd_delta=1.0),
     dict(mode="lantern", window=3, lantern_k=3, lantern_delta=1.0),
 ])
-def test_the_check_still_rejects_biased_modes_on_coupled_drafts(config, coupling):
+def test_the_check_still_rejects_biased_modes_on_coupled_and_proactive_drafts(config, drafting):
     peaked = TabularAdapter(seed=3, spread=4.0)
-    tokens = sample(peaked, {**config, "draft_coupling": coupling}, n=30_000, seed=2)
+    tokens = sample(peaked, {**config, **drafting}, n=30_000, seed=2)
     pvalue, impossible = stream_test(peaked, tokens, cls=1)
     assert impossible > 0 or pvalue < 1e-6
 
@@ -224,36 +229,6 @@ def test_proactive_drafts_follow_the_exact_joint(long_model, coupling, name):
     assert (tokens[:, 2] == long_model.eol).all() and (tokens[:, 5] == long_model.eol).all()
     pvalue, impossible = stream_test(long_model, tokens, cls=1)
     assert impossible == 0 and pvalue > 1e-4
-
-
-@pytest.mark.parametrize("coupling", ["none", "maximal"])
-def test_proactive_drafts_with_a_temperature_follow_the_exact_joint(long_model, coupling):
-    config = DecodeConfig(mode="sjd", window=4, proactive=3, draft_coupling=coupling, cfg_scale=CFG, top_k=TOP_K,
-                          temperature=0.6)
-    tokens = SpeculativeDecoder(long_model, config).generate([0] * 30_000, seeds=8_000_000).tokens
-    pvalue, impossible = stream_test(long_model, tokens, cls=0, temperature=0.6)
-    assert impossible == 0 and pvalue > 1e-4
-
-
-@pytest.mark.parametrize("coupling", ["none", "maximal"])
-def test_proactive_drafts_at_batch_one_follow_the_exact_joint(coupling):
-    small = TabularAdapter(image=3, length=4, forced=(1,), seed=5)
-    config = DecodeConfig(mode="sjd", window=3, proactive=3, draft_coupling=coupling, cfg_scale=CFG, top_k=3)
-    decoder = SpeculativeDecoder(small, config)
-    tokens = torch.cat([decoder.generate([0], seeds=[s]).tokens for s in range(600)])
-    pvalue, impossible = stream_test(small, tokens, cls=0, top_k=3)
-    assert impossible == 0 and pvalue > 1e-4
-
-
-@pytest.mark.parametrize("config", [
-    dict(mode="gsd", window=3, group_size=4, gsd_delta=1.0),
-    dict(mode="lantern", window=3, lantern_k=3, lantern_delta=1.0),
-])
-def test_the_check_still_rejects_biased_modes_on_proactive_drafts(config):
-    peaked = TabularAdapter(seed=3, spread=4.0)
-    tokens = sample(peaked, {**config, "proactive": 3}, n=30_000, seed=2)
-    pvalue, impossible = stream_test(peaked, tokens, cls=1)
-    assert impossible > 0 or pvalue < 1e-6
 
 
 def test_the_check_catches_alternatives_picked_but_tested_as_drawn(long_model, monkeypatch):
