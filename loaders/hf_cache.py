@@ -20,7 +20,8 @@ import inspect
 import torch
 
 from ..sampling.adapter import ImageAdapter
-from .static_cache import BUCKET, CAPTURED, StaticKV, capacity_for, new_forwards, static_forward, weights_signature
+from .static_cache import (BUCKET, CAPTURED, StaticKV, capacity_for, new_forwards, padded_width, static_forward,
+                           weights_signature)
 
 
 def cache_argument(module: torch.nn.Module) -> str:
@@ -91,13 +92,13 @@ class StaticCache:
         self._added = L
         return self._inputs(*self.kv.begin(L, keys))
 
-    def tree_inputs(self, within: torch.Tensor, keys: int | None = None) -> dict:
+    def tree_inputs(self, within: torch.Tensor, keys: int | None = None, depth: torch.Tensor | None = None) -> dict:
         """A draft tree's nodes: ``within`` ``[rows, N, N]``, each node's ancestors and
         itself (``sampling.tree.ancestors``, computed outside a captured forward: it
-        synchronises with the host)."""
+        synchronises with the host), or what each node sees with its ``depth`` given."""
         self._added = within.shape[1]
         self._tree_start = list(self.kv.host_length)
-        return self._inputs(*self.kv.begin_tree(within.sum(-1) - 1, within, keys=keys))
+        return self._inputs(*self.kv.begin_tree(within.sum(-1) - 1 if depth is None else depth, within, keys=keys))
 
     def commit(self):
         self.kv.advance([self._added] * self.kv.rows)
@@ -158,15 +159,18 @@ class TransformersAdapter(ImageAdapter):
         return logits
 
     @torch.no_grad()
-    def forward_tree(self, tokens, parents):
+    def forward_tree(self, tokens, parents, graph=None):
         from ..sampling.tree import ancestors
 
         if self.decode_path == "eager":
-            within = ancestors(parents).repeat(self.cache.kv.rows // tokens.shape[0], 1, 1)
-            hidden = self._keep(self._hidden(tokens, self.cache.tree_inputs(within)))
+            reps = self.cache.kv.rows // tokens.shape[0]
+            within, depth = (ancestors(parents), None) if graph is None else graph
+            depth = None if depth is None else depth.repeat(reps, 1)
+            keys = None if graph is None else self.cache.kv.keys_for(padded_width(tokens.shape[1]))  # as static reads
+            hidden = self._keep(self._hidden(tokens, self.cache.tree_inputs(within.repeat(reps, 1, 1), keys, depth)))
             self.cache.commit()
             return self._logits(hidden)
-        logits, features = static_forward(self, self.cache.kv, self._static_tree, tokens, parents)
+        logits, features = static_forward(self, self.cache.kv, self._static_tree, tokens, parents, graph)
         if self.keep_features:
             self.features = features.clone()
         return logits
@@ -175,10 +179,13 @@ class TransformersAdapter(ImageAdapter):
         """The static path's forward of a padded window, ``keys`` cache entries read."""
         return self._static_outputs(self._hidden(tokens, self.cache.step_inputs(tokens.shape[1], keys)))
 
-    def _static_tree(self, tokens, within, keys):
-        """The static path's forward of a padded draft tree (``within``: its ancestor masks)."""
+    def _static_tree(self, tokens, within, keys, depth=None):
+        """The static path's forward of a padded draft tree (``within``: its ancestor masks,
+        or what each node sees with its ``depth`` given)."""
         reps = self.cache.kv.rows // tokens.shape[0]
-        return self._static_outputs(self._hidden(tokens, self.cache.tree_inputs(within.repeat(reps, 1, 1), keys)))
+        depth = None if depth is None else depth.repeat(reps, 1)
+        return self._static_outputs(self._hidden(tokens, self.cache.tree_inputs(within.repeat(reps, 1, 1), keys,
+                                                                                depth)))
 
     def _static_outputs(self, hidden):
         """Hidden states ``[rows, W, H]`` -> logits ``[K, B, W, V]`` and features ``[K, B, W, H]``."""

@@ -32,7 +32,8 @@ from ..formats.checkpoints import CheckpointError, load_file, load_weights, peek
 from ..sampling.adapter import ImageAdapter, TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, NotAModel
-from .static_cache import BUCKET, CAPTURED, StaticKV, capacity_for, new_forwards, static_forward, weights_signature
+from .static_cache import (BUCKET, CAPTURED, StaticKV, capacity_for, new_forwards, padded_width, static_forward,
+                           weights_signature)
 from .storage import full_dtype, place
 
 #: heads by model width for the released presets (all 64-dim heads but 3B's 100)
@@ -363,25 +364,30 @@ class LlamaGenAdapter(ImageAdapter):
         self.cache.advance([-k for k in n] * branches)
 
     @torch.no_grad()
-    def forward_tree(self, tokens, parents):
+    def forward_tree(self, tokens, parents, graph=None):
         from ..sampling.tree import ancestors
 
         self._tree_start = list(self.cache.host_length)
         if self.decode_path == "eager":
-            within = ancestors(parents).repeat(self.cache.rows // tokens.shape[0], 1, 1)
-            logits, features = self._static_tree(tokens, within, None)
+            within, depth = (ancestors(parents), None) if graph is None else graph
+            # a graph's forwards are wide: read the keys the static path reads (padded width), for its numbers
+            keys = None if graph is None else self.cache.keys_for(padded_width(tokens.shape[1]))
+            logits, features = self._static_tree(tokens, within, keys, depth)
             self.cache.advance([tokens.shape[1]] * self.cache.rows)
         else:
-            logits, features = static_forward(self, self.cache, self._static_tree, tokens, parents)
+            logits, features = static_forward(self, self.cache, self._static_tree, tokens, parents, graph)
             features = features.clone()
         if self.keep_features:
             self.features = features
         return logits
 
-    def _static_tree(self, tokens, within, keys):
-        """A draft tree's forward: ``within`` ``[B or rows, N, N]`` its ancestor masks."""
-        within = within.repeat(self.cache.rows // within.shape[0], 1, 1)
-        pos, mask = self.cache.begin_tree(within.sum(-1) - 1, within, keys=keys)
+    def _static_tree(self, tokens, within, keys, depth=None):
+        """A draft tree's forward: ``within`` ``[B or rows, N, N]`` its ancestor masks (or what
+        each node sees, with its ``depth`` ``[B or rows, N]`` given)."""
+        reps = self.cache.rows // within.shape[0]
+        within = within.repeat(reps, 1, 1)
+        depth = within.sum(-1) - 1 if depth is None else depth.repeat(reps, 1)
+        pos, mask = self.cache.begin_tree(depth, within, keys=keys)
         return self._outputs(self.gpt.features(self._embed(tokens), self.rope[pos], self.cache, mask))
 
     def keep_tree(self, nodes, counts):

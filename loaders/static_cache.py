@@ -68,21 +68,26 @@ def new_forwards(adapter) -> "CapturedForwards":
     return CapturedForwards(adapter.decode_path in CAPTURED and torch.device(adapter.device).type == "cuda")
 
 
-def static_forward(adapter, kv: "StaticKV", fn, tokens: torch.Tensor, parents: torch.Tensor | None = None):
-    """One forward on the static paths: ``tokens`` ``[B, n]`` (a window, or a draft tree's
-    nodes with ``parents``) padded to :func:`padded_width`, run as ``fn(tokens[, within], keys)``
-    (an adapter method returning logits ``[K, B, W, V]`` and features ``[K, B, W, H]``)
-    through the adapter's decode path, ``n`` positions added to ``kv``.  Returns the ``n``
-    real rows of both."""
+def static_forward(adapter, kv: "StaticKV", fn, tokens: torch.Tensor, parents: torch.Tensor | None = None,
+                   graph: tuple | None = None):
+    """One forward on the static paths: ``tokens`` ``[B, n]`` (a window, a draft tree's
+    nodes with ``parents``, or nodes with an explicit ``graph``, see
+    :meth:`~..sampling.adapter.ImageAdapter.forward_tree`) padded to :func:`padded_width`,
+    run as ``fn(tokens[, within], keys[, depth])`` (an adapter method returning logits
+    ``[K, B, W, V]`` and features ``[K, B, W, H]``) through the adapter's decode path,
+    ``n`` positions added to ``kv``.  Returns the ``n`` real rows of both."""
     from ..sampling.tree import ancestors
 
     n = tokens.shape[1]
     W = padded_width(n)
     keys = kv.keys_for(W)
-    inputs = (pad_window(tokens, W),) + (() if parents is None else (ancestors(pad_tree(parents, W)),))
     run = forward_function(adapter, fn)
-    kind = "window" if parents is None else "tree"
-    logits, features = adapter.graphs.run((kind, W, keys, adapter.batch), lambda *t: run(*t, keys), *inputs)
+    if graph is not None:
+        inputs, kind, call = (pad_window(tokens, W), *pad_graph(*graph, W)), "graph", lambda t, w, d: run(t, w, keys, d)
+    else:
+        inputs = (pad_window(tokens, W),) + (() if parents is None else (ancestors(pad_tree(parents, W)),))
+        kind, call = ("window" if parents is None else "tree"), lambda *t: run(*t, keys)
+    logits, features = adapter.graphs.run((kind, W, keys, adapter.batch), call, *inputs)
     kv.advance([n] * kv.rows)
     return logits[:, :, :n], features[:, :, :n]
 
@@ -220,6 +225,18 @@ def pad_tree(parents: torch.Tensor, width: int) -> torch.Tensor:
     if extra <= 0:
         return parents
     return torch.cat([parents, parents.new_full((parents.shape[0], extra), -1)], 1)
+
+
+def pad_graph(sees: torch.Tensor, depth: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An explicit node graph (``sees`` ``[rows, N, N]``, ``depth`` ``[rows, N]``) widened to
+    ``width`` nodes; the added ones see only themselves, at depth 0."""
+    extra = width - depth.shape[1]
+    if extra <= 0:
+        return sees, depth
+    rows, N = depth.shape
+    out = torch.eye(width, dtype=torch.bool, device=sees.device).repeat(rows, 1, 1)
+    out[:, :N, :N] = sees
+    return out, torch.cat([depth, depth.new_zeros(rows, extra)], 1)
 
 
 def pad_window(tokens: torch.Tensor, width: int) -> torch.Tensor:

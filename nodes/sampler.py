@@ -112,7 +112,8 @@ class SpeculativeARSampler(io.ComfyNode):
                 io.Float.Output(display_name="latency_s", tooltip="Seconds for the batch, device-synchronised."),
                 io.Float.Output(display_name="tokens_per_forward"),
                 io.Image.Output(display_name="accept_map", tooltip="How each token was obtained: blue sampled, "
-                                "green accepted draft, red resampled, amber committed by a VVS skip, grey forced."),
+                                "green accepted draft, red resampled, amber committed by a VVS skip, grey forced, "
+                                "purple drawn in a lower row (row-parallel, unverified)."),
                 Report.Output(display_name="report_data", tooltip="For the report table and plot nodes."),
                 Tokens.Output(display_name="tokens", tooltip="Image tokens, for VQ Decode."),
             ],

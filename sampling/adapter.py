@@ -128,10 +128,16 @@ class ImageAdapter:
         synchronisation, so adapters may use them freely (e.g. to crop a cache)."""
         raise NotImplementedError
 
-    def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor | None,
+                     graph: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Logits ``[K, B, N, vocab]`` of a draft tree (``tree.py``) of ``tokens``
         ``[B, N]`` with ``parents`` ``[B, N]``, on top of the cache, in one forward;
-        the cache then holds all ``N`` nodes until :meth:`keep_tree`."""
+        the cache then holds all ``N`` nodes until :meth:`keep_tree`.  A node sits
+        at the cache's length plus its depth and sees the cache, its ancestors and
+        itself.  ``graph`` ``(sees [B, N, N], depth [B, N])`` states that instead
+        (``parents`` unused): node ``i`` sees node ``j`` where ``sees[b, i, j]``
+        (itself always), at position cache length + ``depth[b, i]``; row-parallel
+        drafting (``rows.py``) scores nodes of several image rows so."""
         raise NotImplementedError(f"{type(self).__name__} cannot score draft trees")
 
     def keep_tree(self, nodes: torch.Tensor, counts: list[int]) -> None:

@@ -22,7 +22,10 @@ A verified step, for every sample at once:
 
 With proactive drafting (``proactive.py``) the forward also scores a tree of
 alternatives below the window's first drafts, and a walk over it settles those
-rows before step 2 goes on along the window.
+rows before step 2 goes on along the window.  With row-parallel drafting
+(``rows.py``) it also scores the next image rows, and each row whose turn has
+come gets a token that is *fixed*: in later windows its position passes like a
+forced one.
 
 A skipped step (VVS) commits part of each sample's informed draft tail without a
 forward.  The only host synchronisation per step is reading the new lengths
@@ -49,6 +52,7 @@ from .adapter import ImageAdapter
 from .config import KNOBS, ConfigError, DecodeConfig
 from .drafts import DraftSource, JacobiDrafts
 from . import proactive, scoring
+from .rows import RowGrid, draft_rows, force_fixed, judge_rows, settle_rows
 from .checks import AR_CHECK_EVERY, check_ar, check_shape, raise_if_nonfinite
 from .memory import check_fits, state_bytes_per_image
 from .neighbours import TokenGeometry
@@ -175,6 +179,13 @@ class SpeculativeDecoder:
         if self.proactive and type(adapter).forward_tree is ImageAdapter.forward_tree:
             raise ConfigError(f"{KNOBS['proactive'].shown_as(surface)} {config.proactive}: "
                               f"{type(adapter).__name__} cannot score draft trees (use 1, off)")
+        # row-parallel drafting (rows.py): the next image rows drawn beside the window, relaxed
+        self.rows = config.rows if config.drafts and drafter is None and config.rows > 1 else 0
+        if self.rows:
+            if type(adapter).forward_tree is ImageAdapter.forward_tree:
+                raise ConfigError(f"{KNOBS['rows'].shown_as(surface)} {config.rows}: "
+                                  f"{type(adapter).__name__} cannot score draft trees (use 1, off)")
+            self.row_grid = RowGrid(lay, adapter.device)
         self.guided = self.pipeline.guidance.branches > 1
         # the draft source wants the rows after the first rejection coupled with their
         # old drafts (see _verify), and under exact acceptance that is the verifier's test
@@ -246,6 +257,9 @@ class SpeculativeDecoder:
             choice = self._choose_window(B)
             config = replace(config, window=choice.width)
         st = DecodeState(ad, config, seeds, device, self.geometry)
+        if self.rows:
+            st.fixed = torch.full_like(st.seq, -1)
+            st.row_drafted = torch.zeros_like(st.seq, dtype=torch.bool)
         T = st.length
         zero = torch.zeros(B, 1, dtype=torch.long, device=device)
         probs = self.pipeline(logits.unsqueeze(2), zero)  # [B, 1, V]
@@ -361,6 +375,20 @@ class SpeculativeDecoder:
             probs = every[:, :L]
             path, counts, tree_new, tree_rejected, on_spine = proactive.walk(sp, every, tokens, st, self.rule,
                                                                           self.exact)
+        elif self.rows:
+            rd = draft_rows(st, self.row_grid, self.rows, self.config.row_lead, st.drafts, base)
+            E = rd.tokens.shape[1]
+            sees = torch.zeros(B, L + E, L + E, dtype=torch.bool, device=base.device)
+            sees[:, :L, :L] = torch.tril(torch.ones(L, L, dtype=torch.bool, device=base.device))
+            sees[:, L:, L:] = rd.sees
+            graph = (sees, torch.cat([window.expand(B, L), rd.depth], 1))
+            with timer.model():
+                logits = ad.forward_tree(torch.cat([inp, rd.tokens], 1), None, graph)
+            check_shape("forward_tree", logits, (ad.branches(self.guided), B, L + E, ad.vocab_size))
+            every = self.pipeline(logits, torch.cat([target, rd.target], 1), st.buffer("probs", L + E))
+            probs = every[:, :L]
+            force_fixed(probs, st.fixed.gather(1, target))
+            lower = judge_rows(st, self.row_grid, rd, every[:, L + self.row_grid.stride:], self.rule)
         else:
             probs = self.pipeline(self._forward(st, inp, timer), target, st.buffer("probs", L))  # [B, L, V]
         u = rng.uniform(st.keys, st.step, rng.VERIFY, target, lanes=2)  # coin, sample
@@ -384,6 +412,8 @@ class SpeculativeDecoder:
                 ok = ok | (tp < st.n_committed.unsqueeze(1))
             if st.any_forced:
                 ok = ok | (st.forced_at[tp] >= 0)
+            if self.rows:  # a lower row's fixed token stands like a forced one
+                ok = ok | (st.fixed.gather(1, tp) >= 0)
             if levels > 0:  # the walk settled the tree's levels: on the spine, its drafts stand
                 rows = window[:-1].unsqueeze(0) - r0.unsqueeze(1)
                 ok = ok | (on_spine.unsqueeze(1) & (rows >= 0) & (rows < levels))
@@ -416,6 +446,8 @@ class SpeculativeDecoder:
         bad = st.buffer("cumsum", L)[..., -1].isnan() & (target < T)  # rows that are no distribution
         if levels > 0:
             bad = bad | ((every[:, L:].sum(-1).isnan() & sp.valid).any(1, keepdim=True) & (target < T))
+        if self.rows:
+            bad = bad | (lower.bad.unsqueeze(1) & (target < T))
         first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
         rejected = passed < tested
         new_tok = drawn.gather(1, passed.unsqueeze(1))
@@ -475,11 +507,16 @@ class SpeculativeDecoder:
                             [c + j + 1 for c, j in zip(st.host_cached, sync[3])])
         st.host_cached, st.host_committed = sync[0], sync[1]
         del sync[3]
-        if nodes is None:
+        if nodes is None and self.rows:  # the window rows that stand stay, the rows' chains leave
+            ad.keep_tree(window.expand(B, L), [L - n for n in sync[2]])
+        elif nodes is None:
             ad.rollback(sync[2])  # the rejected rows leave the cache
         else:  # the window rows that stand (or the walk's path) stay, the tree's other nodes leave
             ad.keep_tree(nodes, [L - n for n in sync[2]])
         self._extend(st)
+        if self.rows:  # the lower rows' draws and drafts, where the window has not committed since
+            settle_rows(st, lower)
+            torch.where(st.fixed >= 0, st.fixed, st.seq, out=st.seq)
         if plan is not None and min(sync[3]) >= 0 and max(sync[3]) > 0:
             return plan, sync[3]
         return None
@@ -640,6 +677,8 @@ class SpeculativeDecoder:
             self.drafter.extend(st, st.draft_end, stop_t, width)
             st.draft_end = torch.maximum(st.draft_end, stop_t)
             st.host_draft_end = [max(d, e) for d, e in zip(st.host_draft_end, stop)]
+        if st.fixed is not None:  # a lower row's fixed token is the draft at its position
+            torch.where(st.fixed >= 0, st.fixed, st.seq, out=st.seq)
 
 
     def _notify(self, callback, st):

@@ -6,13 +6,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 # How each token of the stream was obtained (the accept map).
-PENDING, SAMPLED, ACCEPTED, RESAMPLED, COMMITTED, FORCED = range(6)
+PENDING, SAMPLED, ACCEPTED, RESAMPLED, COMMITTED, FORCED, ROW_DRAWN = range(7)
 ORIGINS = {
     SAMPLED: "sampled from the target (AR step, first token or bonus)",
     ACCEPTED: "accepted draft",
     RESAMPLED: "resampled after a rejection",
     COMMITTED: "committed without verification (VVS skip)",
     FORCED: "forced structural token",
+    ROW_DRAWN: "drawn in a lower row, committed without verification (row-parallel)",
 }
 
 
@@ -95,6 +96,8 @@ def build_reports(st, config, timer, memory_mb: float, device, drafter: str = ""
             hist.scatter_add_(1, (after - before).clamp(max=hist.shape[1] - 1).unsqueeze(1),
                               active.long().unsqueeze(1))
         origin = torch.where(span, code, origin)
+    if st.fixed is not None:
+        origin = torch.where(st.fixed[:, :T] >= 0, ROW_DRAWN, origin)
     origin = torch.where(st.forced_at[:T] >= 0, FORCED, origin)
     origins, nfe, hist = origin.tolist(), nfe.tolist(), hist.tolist()
     skipped, unverified = skipped.tolist(), unverified.tolist()
@@ -124,6 +127,7 @@ COLOURS = {
     RESAMPLED: (234, 67, 53),  # red
     COMMITTED: (251, 188, 5),  # amber
     FORCED: (160, 160, 160),  # grey
+    ROW_DRAWN: (171, 71, 188),  # purple
 }
 
 

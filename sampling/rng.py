@@ -34,6 +34,7 @@ INIT = 2  # draft initialisation
 PATHS = 3  # VVS candidate paths: stream PATHS + path index (up to 64 paths)
 DRAFT = 2000  # draws of a draft model's proposals (model_drafts.py)
 TREE = 3000  # a sampled draft tree's gumbel noise: position (node + 1) * V + token id
+ROWS = 5000  # row-parallel drafting: a lower row's draw, by position
 PROACTIVE = 4000  # proactive drafting: + 0 its alternatives' gumbel noise, + 1 the walk over its tree
 COUPLE = 1000  # coupled Jacobi drafts: COUPLE + 1 seeds the gumbel noise (maximal reuses VERIFY's lanes)
 

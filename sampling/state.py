@@ -37,6 +37,10 @@ name                shape / type                   meaning (R = read, W = write)
 ``arange(n)``       int64 ``[n]``                  R a cached ``arange``
 ==================  =============================  =====================================================
 
+With row-parallel drafting (``rows.py``) ``fixed`` (int64 ``[B, length + pad]``, -1 where
+none) holds the tokens drawn in lower rows: the engine keeps them in ``seq`` at their
+positions and the window passes them like forced ones; a draft source may read it.
+
 A draft source also keeps ``drafts_redrawn`` / ``drafts_kept`` (int64 ``[B]``: positions
 it drafted again after a pass, and how many of those kept their draft; the report's
 draft stability) and may hold per-batch tensors of its own in ``source_state``
@@ -77,7 +81,11 @@ class Sizes(NamedTuple):
         max_window = drafts + 1 + max_commit + (proactive_nodes(config) if drafts and not config.drafter else 0)
         pad = 2 * (max_window + horizon) + 4
         above = layout.row_stride if config.init.endswith("above") else 0  # *-above reads one row back
-        return cls(drafts, skips, max_commit, horizon, max_window, pad, above + pad)
+        ring = above + pad
+        if drafts and not config.drafter and config.rows > 1:  # row-parallel drafts reach R rows ahead
+            ring += (config.rows + 1) * layout.row_stride
+            max_window += config.rows * layout.row_stride
+        return cls(drafts, skips, max_commit, horizon, max_window, pad, ring)
 
 
 class DecodeState:
@@ -112,6 +120,8 @@ class DecodeState:
         self.drafts_redrawn = zeros.clone()
         self.drafts_kept = zeros.clone()
         self.source_state: dict = {}
+        self.fixed: torch.Tensor | None = None  # row-parallel drafting's fixed tokens (rows.py), -1 elsewhere
+        self.row_drafted: torch.Tensor | None = None  # and where it drafted
         self.host_cached = [0] * self.batch
         self.host_committed = [0] * self.batch
         self.host_draft_end = [0] * self.batch

@@ -61,18 +61,21 @@ class TabularAdapter(ImageAdapter):
     def token_vectors(self):
         return torch.arange(self.vectors.shape[0]), self.vectors
 
-    def forward_tree(self, tokens, parents):
-        """Each node's logits from its own prefix: the cache, its ancestors, itself."""
+    def forward_tree(self, tokens, parents, graph=None):
+        """Each node's logits from its own prefix: the cache, its ancestors, itself (or
+        the nodes ``graph`` says it sees; positions it does not see read token 0)."""
         from spec_ar.sampling.tree import ancestors, depths
 
         self.calls.append(("tree",) + tuple(tokens.shape))
         B, N = tokens.shape
-        anc, depth = ancestors(parents), depths(parents)
+        anc, depth = (ancestors(parents), depths(parents)) if graph is None else graph
+        anc = anc | torch.eye(N, dtype=torch.bool)
         self.tree_start, self.tree_tokens = self.lengths.clone(), tokens.clone()
         hist = self.hist
         out = []
+        past = torch.arange(hist.shape[1]).unsqueeze(0) >= self.lengths.unsqueeze(1)
         for i in range(N):
-            self.hist = hist.clone()
+            self.hist = hist.masked_fill(past, 0)  # positions past the cache: only what node i sees
             pos = self.lengths.unsqueeze(1) + depth  # every node's own position
             on = anc[:, i]  # node i and its ancestors
             self.hist.scatter_(1, torch.where(on, pos, self.hist.shape[1] - 1), torch.where(on, tokens, 0))
@@ -148,8 +151,8 @@ class FeaturedTabularAdapter(TabularAdapter):
             self.features = torch.cat([logits, pad], -1)
         return logits
 
-    def forward_tree(self, tokens, parents):
-        logits = super().forward_tree(tokens, parents)
+    def forward_tree(self, tokens, parents, graph=None):
+        logits = super().forward_tree(tokens, parents, graph)
         if self.keep_features:
             pad = logits.new_zeros(*logits.shape[:-1], self.feature_size - logits.shape[-1])
             self.features = torch.cat([logits, pad], -1)

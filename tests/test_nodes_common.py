@@ -179,7 +179,7 @@ def test_knob_visibility_lists_for_each_mode_the_knobs_it_reads():
     assert "G" in table["visible"]["gsd"]["auto"] and "G" not in table["visible"]["lantern"]["auto"]
     assert "skip_interval" in table["visible"]["vvs"]["auto"]  # the mode's own schedule
     assert "skip_threshold" in table["visible"]["sjd"]["similarity"]  # a schedule chosen on the node
-    jacobi = {"window", "draft_init", "draft_coupling", "proactive_K", "proactive_D"}
+    jacobi = {"window", "draft_init", "draft_coupling", "proactive_K", "proactive_D", "rows_R", "rows_W"}
     drafting = {"drafter_depth", "draft_tree"}
     trees = {"chain": set(), "dynamic": {"tree_top_k", "tree_tokens"}, "static": {"tree_top_k", "tree_tokens"}}
     for mode in MODES:  # drafting knobs: every mode but ar, whatever the schedule choice

@@ -64,7 +64,8 @@ def same_tokens(model, config, drafter=None):
 MODES = {"ar": dict(mode="ar"), "sjd": dict(mode="sjd", window=6), "gsd": dict(mode="gsd", window=6),
          "lantern": dict(mode="lantern", window=6, lantern_k=4), "vvs": dict(mode="vvs", window=6, lantern_k=4),
          "sjd-independent": dict(mode="sjd", window=6, draft_coupling="none"),
-         "sjd-proactive": dict(mode="sjd", window=6, proactive=3)}
+         "sjd-proactive": dict(mode="sjd", window=6, proactive=3),
+         "sjd-rows": dict(mode="sjd", window=6, rows=3, row_lead=2)}
 CHEAP = ["embedded", "llamagen-c2i", "llamagen-t2i", "janus", "lumina", "emu3"]  # anole: 1025 positions
 
 
