@@ -174,17 +174,17 @@ class SpeculativeDecoder:
 
                 shape = static_shape(config.tree_choices, config.tree_tokens, config.tree_top_k, config.depth)
                 self.tree_levels = max(shape["depths"]) + 1
-        # proactive drafting (proactive.py): a tree of alternatives at the window's first drafts
-        self.proactive = config.proactive if config.drafts and drafter is None and config.proactive > 1 else 0
-        if self.proactive and type(adapter).forward_tree is ImageAdapter.forward_tree:
-            raise ConfigError(f"{KNOBS['proactive'].shown_as(surface)} {config.proactive}: "
-                              f"{type(adapter).__name__} cannot score draft trees (use 1, off)")
-        # row-parallel drafting (rows.py): the next image rows drawn beside the window, relaxed
-        self.rows = config.rows if config.drafts and drafter is None and config.rows > 1 else 0
-        if self.rows:
-            if type(adapter).forward_tree is ImageAdapter.forward_tree:
-                raise ConfigError(f"{KNOBS['rows'].shown_as(surface)} {config.rows}: "
+        # tokens beside the window's, scored in its forward as a tree (config.validate allows one kind):
+        # proactive drafting (proactive.py), alternatives at the window's first drafts; row-parallel
+        # drafting (rows.py), the next image rows, relaxed
+        jacobi = config.drafts and drafter is None
+        self.proactive = config.proactive if jacobi and config.proactive > 1 else 0
+        self.rows = config.rows if jacobi and config.rows > 1 else 0
+        for name, value in (("proactive", self.proactive), ("rows", self.rows)):
+            if value and type(adapter).forward_tree is ImageAdapter.forward_tree:
+                raise ConfigError(f"{KNOBS[name].shown_as(surface)} {value}: "
                                   f"{type(adapter).__name__} cannot score draft trees (use 1, off)")
+        if self.rows:
             self.row_grid = RowGrid(lay, adapter.device)
         self.guided = self.pipeline.guidance.branches > 1
         # the draft source wants the rows after the first rejection coupled with their
@@ -514,9 +514,8 @@ class SpeculativeDecoder:
         else:  # the window rows that stand (or the walk's path) stay, the tree's other nodes leave
             ad.keep_tree(nodes, [L - n for n in sync[2]])
         self._extend(st)
-        if self.rows:  # the lower rows' draws and drafts, where the window has not committed since
+        if self.rows:  # the lower rows' draws and drafts (after the window's: see settle_rows)
             settle_rows(st, lower)
-            torch.where(st.fixed >= 0, st.fixed, st.seq, out=st.seq)
         if plan is not None and min(sync[3]) >= 0 and max(sync[3]) > 0:
             return plan, sync[3]
         return None

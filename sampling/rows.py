@@ -200,7 +200,7 @@ def settle_rows(st, out: RowOutcome) -> None:
     st.seq.scatter_(1, at, out.token)
     st.row_drafted.scatter_(1, torch.where(draft, out.position, st.scratch), True)
     slots = torch.where(draft, out.position % st.ring_size, st.ring_size)  # the last slot absorbs the rest
-    st.put_rows(st.ring, slots, torch.where(draft.unsqueeze(-1), out.rows, 0.0))
+    st.put_rows(st.ring, slots, out.rows)
 
 
 def force_fixed(probs: torch.Tensor, fixed: torch.Tensor) -> None:
