@@ -17,7 +17,10 @@ Families (``--layout``, the first one the default: the layout the main release s
   ``consolidated.pth``, ``tokenizer/text_tokenizer.json``, ``tokenizer/vqgan.*``) or ``converted``
   (transformers' Chameleon save);
 * ``emu3-gen``: ``converted`` (Emu3-community/Emu3-Gen-hf, 8B: ``model_type: emu3``, the MoVQ VAE included,
-  vocab.json + merges.txt tokenizer).
+  vocab.json + merges.txt tokenizer);
+* ``liquid-7b``: ``original`` (Junfeng5/Liquid_V1_7B: ``GemmaForCausalLM``, Gemma-7B's vocabulary grown by the
+  8192 VQ codes, tied embeddings, a Gemma tokenizer.json with ``<boi>`` / ``<eoi>`` / ``<unconditional>`` at ids
+  7-9), with Meta's VQGAN in ``chameleon/vqgan.yaml`` + ``vqgan.ckpt`` where Liquid's script reads it.
 
 Tensor names and shapes come from the transformers model built on the meta device from the configuration
 (:data:`CONFIGS`), mapped to the original names where a layout needs them; nothing is allocated for them.
@@ -139,10 +142,26 @@ CONFIGS = {
                 "<|visual token 000000|>": 151854},  # codes in order up to 184621 [D]
         "shard_gb": {"converted": 5.0},
     },
+    "liquid-7b": {
+        "release": "Junfeng5/Liquid_V1_7B (Gemma-7B + 8192 image codes), 8.5B",
+        "layouts": ("original",),
+        "text": dict(vocab_size=264192, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,  # [T], [N]
+                     num_attention_heads=16, num_key_value_heads=16, head_dim=256, max_position_embeddings=8192,
+                     rms_norm_eps=1e-6, rope_theta=10000.0),  # GemmaConfig's defaults are Gemma-7B's [T]
+        "text_ids": 256000,  # Gemma's tokenizer; image token = 256000 + code [N]
+        "vq": dict(embed_dim=256, n_embed=8192, z_channels=256, ch=128, ch_mult=[1, 1, 2, 2, 4],  # [T], [N]
+                   num_res_blocks=2, attn_resolutions=[], resolution=512),  # Chameleon's VQGAN [N]
+        "image_tokens": 1024,  # 32 x 32 at 512 px [N]
+        "ids": {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4, "<2mass>": 5, "[@BOS@]": 6,  # [R]
+                "<boi>": 7, "<eoi>": 8, "<unconditional>": 9},  # [N]
+        "shard_gb": {"original": 5.0},
+    },
 }
 ALIASES = {"janus": "janus-pro-7b", "janus-pro": "janus-pro-7b", "lumina": "lumina-mgpt-7b-768",
-           "lumina-mgpt": "lumina-mgpt-7b-768", "anole": "anole-7b", "emu3": "emu3-gen", "emu3-gen-8b": "emu3-gen"}
-FAMILY_OF = {"janus-pro-7b": "janus", "lumina-mgpt-7b-768": "lumina", "anole-7b": "anole", "emu3-gen": "emu3"}
+           "lumina-mgpt": "lumina-mgpt-7b-768", "anole": "anole-7b", "emu3": "emu3-gen", "emu3-gen-8b": "emu3-gen",
+           "liquid": "liquid-7b"}
+FAMILY_OF = {"janus-pro-7b": "janus", "lumina-mgpt-7b-768": "lumina", "anole-7b": "anole", "emu3-gen": "emu3",
+             "liquid-7b": "liquid"}
 
 CHUNK = 1 << 23  # elements drawn (and written) at a time: 16 MB of bfloat16
 STD = 0.02
@@ -1071,7 +1090,7 @@ def write(family: str, out, layout: str | None = None, dtype: torch.dtype = torc
     stats = Stats()
     start = time.perf_counter()
     fn = {"janus-pro-7b": _write_janus, "lumina-mgpt-7b-768": _write_chameleon, "anole-7b": _write_chameleon,
-          "emu3-gen": _write_emu3}[family]
+          "emu3-gen": _write_emu3, "liquid-7b": _write_liquid}[family]
     token = _HOLES.set(holes)
     try:
         fn(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log)
@@ -1262,6 +1281,77 @@ def _write_emu3(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, 
              lambda: write_sharded(out, specs, dtype, seed, max_bytes, "safetensors", stats, log))
 
 
+def liquid_config(cfg: dict, scale: float):
+    from transformers import GemmaConfig
+
+    text = scaled_text(cfg["text"], scale)
+    text["vocab_size"] = cfg["text_ids"] + cfg["vq"]["n_embed"]  # the scaled model keeps the real vocabulary
+    ids = cfg["ids"]
+    config = GemmaConfig(**text, pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"],
+                         tie_word_embeddings=True)
+    config.architectures = ["GemmaForCausalLM"]
+    return config
+
+
+def write_liquid_tokenizer(folder: pathlib.Path, cfg: dict, stats: Stats) -> None:
+    """Gemma's tokenizer shape with Liquid's names: ``tokenizer.json`` (BPE over ``▁``-joined pieces with byte
+    fallback, the space normalised to ``▁``, BOS added by the post-processor) of ``text_ids`` entries: the
+    specials, 256 byte pieces, letters and a few merges, then unreachable fillers; a ``GemmaTokenizer``
+    tokenizer_config.json naming the added tokens."""
+    ids, size = cfg["ids"], cfg["text_ids"]
+    by_id = {i: n for n, i in ids.items()}
+    vocab = {by_id.get(i, f"<unused{i}>"): i for i in range(10)}
+    vocab.update({f"<0x{b:02X}>": 10 + b for b in range(256)})
+    pieces = ["▁", *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.,", "▁a", "▁c", "at", "▁cat", "▁r", "ed",
+              "▁red"]
+    vocab.update({p: len(vocab) + i for i, p in enumerate(pieces)})
+    merges = ["▁ a", "▁ c", "a t", "▁c at", "▁ r", "e d", "▁r ed"]
+    vocab.update({f"<fill{i}>": i for i in range(len(vocab), size)})
+    added = [{"id": i, "content": by_id.get(i, f"<unused{i}>"), "single_word": False, "lstrip": False,
+              "rstrip": False, "normalized": False, "special": True} for i in range(10)]
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}, "pre_tokenizer": None,
+            "post_processor": {"type": "TemplateProcessing",
+                               "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                                          {"Sequence": {"id": "A", "type_id": 0}}],
+                               "pair": [{"SpecialToken": {"id": "<bos>", "type_id": 0}},
+                                        {"Sequence": {"id": "A", "type_id": 0}},
+                                        {"SpecialToken": {"id": "<bos>", "type_id": 1}},
+                                        {"Sequence": {"id": "B", "type_id": 1}}],
+                               "special_tokens": {"<bos>": {"id": "<bos>", "ids": [ids["<bos>"]],
+                                                            "tokens": ["<bos>"]}}},
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+                {"type": "Fuse"}]},
+            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "vocab": vocab,
+                      "merges": merges}}
+    _json(folder / "tokenizer.json", spec, stats)
+    _json(folder / "tokenizer_config.json", {
+        "add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>",
+        "pad_token": "<pad>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
+        "added_tokens_decoder": {str(a["id"]): {k: v for k, v in a.items() if k != "id"} for a in added},
+        "model_max_length": 1000000000000000019884624838656, "tokenizer_class": "GemmaTokenizer"}, stats)
+    _json(folder / "special_tokens_map.json", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                                               "unk_token": "<unk>"}, stats)
+
+
+def _write_liquid(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log):
+    from transformers import GemmaForCausalLM
+
+    config = liquid_config(cfg, scale)
+    specs = [s for s in specs_of(meta_state(GemmaForCausalLM, config)) if s.name != "lm_head.weight"]  # tied
+    write_vqgan(out / "chameleon", vqgan_spec(cfg, scale), seed, stats)
+    write_liquid_tokenizer(out, cfg, stats)
+    write_config(out, config, dtype, stats, {"hidden_act": "gelu", "hidden_activation": None})  # as released [N]
+    ids = cfg["ids"]
+    _json(out / "generation_config.json", {"bos_token_id": ids["<bos>"], "eos_token_id": ids["<eos>"],
+                                           "pad_token_id": ids["<pad>"]}, stats)
+    _record(result, out, specs, dtype, max_bytes, "safetensors")
+    _weights(result, stats, specs, dtype, log,
+             lambda: write_sharded(out, specs, dtype, seed, max_bytes, "safetensors", stats, log))
+
+
 def planned_parameters(family: str, scale: float = 1.0) -> int:
     """Parameters of the family's transformers model (converted layout) at ``scale``, from the meta device:
     nothing is allocated or written."""
@@ -1275,6 +1365,11 @@ def planned_parameters(family: str, scale: float = 1.0) -> int:
     elif family == "emu3-gen":
         vocab = emu3_vocabulary(cfg, cfg["text"]["vocab_size"], cfg["vq"]["codebook_size"])
         state = meta_state(Emu3ForConditionalGeneration, emu3_config(cfg, scale, vocab))
+    elif family == "liquid-7b":
+        from transformers import GemmaForCausalLM
+
+        state = meta_state(GemmaForCausalLM, liquid_config(cfg, scale))
+        state.pop("lm_head.weight")  # tied to the embedding
     else:
         spec = vqgan_spec(cfg, scale)
         vocab = chameleon_vocabulary(cfg["text"]["vocab_size"], spec.n_embed, meta=False)
@@ -1403,6 +1498,12 @@ def _expected_model_shapes(folder: pathlib.Path, family: str, layout: str, shape
         want = meta_state(ChameleonForConditionalGeneration, config)
         if layout == "original":  # Lumina's save has no VQ encoder (transformers initialises it)
             want = {k: v for k, v in want.items() if not k.startswith("model.vqmodel.")}
+    elif family == "liquid-7b":
+        from transformers import GemmaConfig, GemmaForCausalLM
+
+        mapped = shapes
+        want = meta_state(GemmaForCausalLM, GemmaConfig.from_pretrained(str(folder)))
+        want.pop("lm_head.weight")  # tied: not in the files
     else:
         from transformers import Emu3Config, Emu3ForConditionalGeneration
 

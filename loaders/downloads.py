@@ -76,6 +76,8 @@ RELEASES = {r.name: r for r in (
             (Source("GAIR/Anole-7b-v0.1", ("models/7b/*", "tokenizer/*")),)),
     Release("Emu3-Gen-hf", "emu3", "Emu3-Gen 8B, 720 px (decoder included)",
             (Source("Emu3-community/Emu3-Gen-hf", _HF),)),
+    Release("Liquid_V1_7B", "liquid", "Liquid 7B (on Gemma-7B), 512 px, with Meta's VQGAN",
+            (Source("Junfeng5/Liquid_V1_7B", _HF), _VQGAN)),
     # LANTERN's trained draft heads (jadohu/LANTERN's README: config.json and pytorch_model.bin each)
     Release("LANTERN-drafter-LlamaGen-t2i-XL-256", "drafter",
             "LANTERN's draft head for LlamaGen-XL text-to-image stage I, 256 px (LlamaGen-t2i-XL-256)",

@@ -382,17 +382,19 @@ def weight_bytes(module: nn.Module, dtype) -> int:
 
 # -- sizing before loading --------------------------------------------------------------
 def checkpoint_files(path) -> list:
-    """The weight files a model at ``path`` loads: the file itself, or a folder's
-    transformers weights (safetensors or .bin, not both) or else its checkpoint files,
-    plus those one folder down (Meta's ``tokenizer/vqgan.ckpt``)."""
+    """The weight files a model at ``path`` loads: the file itself (a weight file) or the weights beside it
+    (another file: Meta's ``vqgan.yaml`` given for its ``vqgan.ckpt``), or a folder's transformers weights
+    (safetensors or .bin, not both) or else its checkpoint files, plus those one folder down (Meta's
+    ``tokenizer/vqgan.ckpt``)."""
     import pathlib
 
     from ..formats.checkpoints import weight_files
     from ..sampling.memory import CHECKPOINT_SUFFIXES
 
     path = pathlib.Path(path)
-    if path.is_file():
-        return [path]
+    if path.is_file():  # a weight file, or a file beside its weights (Meta's vqgan.yaml given for its .ckpt)
+        return [path] if path.suffix in CHECKPOINT_SUFFIXES else sorted(
+            p for p in path.parent.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)
     if not path.is_dir():
         return []
     top = weight_files(path) or sorted(p for p in path.iterdir() if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)

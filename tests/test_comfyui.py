@@ -14,6 +14,7 @@ import torch
 from . import checkpoints as ck
 from .chameleon_files import write_chameleon, write_lumina
 from .emu3_files import write_emu3
+from .liquid_files import write_liquid
 from spec_ar.workflows.catalog import CATALOG, title
 
 from .comfyui_server import ComfyServer, error_of, locate, ui_to_api
@@ -39,6 +40,7 @@ def _family_weights(models: pathlib.Path) -> None:
     write_lumina(models / "Lumina-mGPT-7B-768")  # Lumina's own layout, tokenizer/vqgan.* inside as users set it up
     write_chameleon(models / "Anole-7b-hf", "anole", seed=1)
     write_emu3(models / "Emu3-Gen-hf")
+    write_liquid(models / "Liquid_V1_7B")  # Meta's VQGAN in its chameleon/, where Liquid's script reads it
     # LANTERN's drafters as released, for the drafter workflows, and the target stage I pairs with
     ck.write_gpt(models / "llamagen" / "t2i_XL_stage1_256.pt", ck.random_gpt(ck.tiny_gpt_spec("t2i", cond_tokens=120)))
     ck.write_lantern_head(models / "lantern" / "llamagen_drafter", hidden=128, heads=2, vocab=1024)
@@ -281,7 +283,7 @@ def test_the_embedded_model_drafts_with_its_head_from_the_node(server):
 
 
 @pytest.mark.parametrize("name", ["llamagen_c2i", "llamagen_t2i", "janus_pro", "lumina_mgpt", "anole", "emu3",
-                                  "llamagen_t2i_drafter", "anole_drafter"])
+                                  "liquid", "llamagen_t2i_drafter", "anole_drafter"])
 def test_family_workflows_run_once_weights_are_in_the_model_folder(server, name):
     workflow = _api(name)
     sampler = next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")

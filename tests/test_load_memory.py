@@ -1,6 +1,6 @@
 """Loading a transformers-family model takes about its own size in memory (issue 29: 7B models on
 8-24 GB GPUs): no float32 stage, no second copy while converting to the requested dtype, in every
-layout the Janus and Chameleon loaders read; and a Lumina-mGPT folder loads without transformers'
+layout the Janus, Chameleon and Liquid loaders read; and a Lumina-mGPT folder loads without transformers'
 report of the VQ-encoder keys its releases do not ship (nor a random encoder built for them).
 
 Memory is measured in a fresh process: the peak resident set (``VmHWM``) of loading the model and
@@ -24,6 +24,7 @@ import torch
 from .chameleon_files import write_chameleon, write_lumina
 from .chameleon_meta_files import perturb, tiny_model, write_meta_chameleon
 from .checkpoints import tiny_janus, write_janus, write_original_janus
+from .liquid_files import write_liquid
 
 OVERHEAD = 64 * 2 ** 20  # config, tokenizer, the model's buffers, one float32 parameter read at a time
 #: quantizing: the same, plus the quantizer's temporaries for one layer (float32 copies, block scales) and the
@@ -42,13 +43,16 @@ LAYOUTS = {  # name: (loader module, how to write it into a folder)
         d, vqgan=False, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
         num_attention_heads=HEADS, num_key_value_heads=HEADS)),
     "meta-layout": ("chameleon", lambda d: _meta(d)),
+    "liquid": ("liquid", lambda d: write_liquid(  # Gemma's layout: tied embedding, bfloat16 shards
+        d, vqgan=False, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        num_key_value_heads=HEADS, head_dim=HIDDEN // HEADS)),
 }
 
 MEASURE = textwrap.dedent("""
     import json, sys
     import torch, transformers
     from transformers import ChameleonForConditionalGeneration, JanusForConditionalGeneration
-    from spec_ar.loaders import chameleon, janus
+    from spec_ar.loaders import chameleon, janus, liquid
 
     def resident():  # the peak of this process's own memory; ru_maxrss would start at the parent's peak
         with open("/proc/self/status") as f:
@@ -61,7 +65,7 @@ MEASURE = textwrap.dedent("""
         from spec_ar.loaders.storage import import_bitsandbytes
         import_bitsandbytes()
     base = resident()
-    model, _ = {"janus": janus, "chameleon": chameleon}[loader].load_model(folder, dtype=dtype)
+    model, _ = {"janus": janus, "chameleon": chameleon, "liquid": liquid}[loader].load_model(folder, dtype=dtype)
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
             t.sum()  # read every weight once

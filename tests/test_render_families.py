@@ -24,3 +24,17 @@ def test_render_emu3_with_a_negative_prompt(tmp_path, capsys):
     assert main(["render", "--model", str(folder), "--prompt", "a cat", "--resolution", "60",
                  "--out", str(tmp_path / "out")]) == 2
     assert "resolution must be a multiple of 8 pixels" in capsys.readouterr().err
+
+
+def test_render_liquid_with_its_reference_defaults(tmp_path):
+    from .liquid_files import write_liquid
+
+    folder = write_liquid(tmp_path / "Liquid_V1_7B")
+    assert main(["render", "--model", str(folder), "--prompt", "a red fox", "--mode", "sjd", "--window", "32",
+                 "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "sjd_0.json").read_text())
+    assert report["family"] == "liquid" and report["resolution"] == 512 and report["reports"][0]["tokens"] == 1024
+    assert (tmp_path / "out" / "sjd_0.png").is_file()
+    settings = report["reports"][0]["settings"]  # Liquid's reference sampling, unless the user sets otherwise
+    assert (settings["cfg_scale"], settings["top_k"], settings["top_p"], settings["temperature"]) == (7.0, 4096, 0.96,
+                                                                                                    0.99)

@@ -100,10 +100,18 @@ def test_full_size_configurations():
         assert value == getattr(vision, key), key
     for key, value in sc.CONFIGS["janus-pro-7b"]["vq"].items():
         assert value == (list(getattr(vq, key)) if isinstance(value, list) else getattr(vq, key)), key
+    from transformers import GemmaConfig
+
+    gemma, t = GemmaConfig(), sc.CONFIGS["liquid-7b"]["text"]
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "max_position_embeddings", "rms_norm_eps"):
+        assert t[key] == getattr(gemma, key), key
+    assert t["vocab_size"] == gemma.vocab_size + sc.CONFIGS["liquid-7b"]["vq"]["n_embed"]  # 256000 + 8192 codes
     counts = {name: sc.planned_parameters(name) for name in sc.CONFIGS}
     assert 7.3e9 < counts["janus-pro-7b"] < 7.5e9  # Janus-Pro-7B: 7.42B with its towers
     assert 7.0e9 < counts["anole-7b"] == counts["lumina-mgpt-7b-768"] < 7.1e9  # Chameleon-7B (7.01B) + VQ encoder
     assert 8.7e9 < counts["emu3-gen"] < 8.8e9  # Emu3-Gen: the 8.49B LLM and its 0.27B VQ-VAE
+    assert 8.56e9 < counts["liquid-7b"] < 8.57e9  # Gemma-7B (8.54B, tied embedding) + 8192 code rows
 
 
 def test_torch_writer_is_torch_save(tmp_path):

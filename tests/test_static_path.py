@@ -10,13 +10,14 @@ import math
 import pytest
 import torch
 
-from spec_ar.loaders import chameleon, emu3, embedded, janus, llamagen
+from spec_ar.loaders import chameleon, emu3, embedded, janus, liquid, llamagen
 from spec_ar.loaders.static_cache import StaticKV, pad_tree, pad_window, padded_width, resolve_path
 from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder
 
 from .chameleon_files import write_chameleon
 from .checkpoints import random_gpt, tiny_gpt_spec, tiny_janus, write_gpt, write_janus, write_t5, write_vq
 from .emu3_files import write_emu3
+from .liquid_files import write_liquid
 from .test_exactness import chi_square
 
 PROMPTS = ["a cat", "a dog on a hill at night"]  # different lengths: left padding on the static path too
@@ -36,6 +37,7 @@ def families(tmp_path_factory):
         "lumina": chameleon.load(write_chameleon(d / "Lumina-mGPT-7B-768", "lumina"), width=96, height=64),
         "anole": chameleon.load(write_chameleon(d / "Anole-7b-hf", "anole", seed=1)),
         "emu3": emu3.load(write_emu3(d / "Emu3-Gen-tiny", seed=1), resolution=64),
+        "liquid": liquid.load(write_liquid(d / "Liquid_V1_7B", seed=1)),
     }
 
 
@@ -66,11 +68,11 @@ MODES = {"ar": dict(mode="ar"), "sjd": dict(mode="sjd", window=6), "gsd": dict(m
          "sjd-independent": dict(mode="sjd", window=6, draft_coupling="none"),
          "sjd-proactive": dict(mode="sjd", window=6, proactive=3),
          "sjd-rows": dict(mode="sjd", window=6, rows=3, row_lead=2)}
-CHEAP = ["embedded", "llamagen-c2i", "llamagen-t2i", "janus", "lumina", "emu3"]  # anole: 1025 positions
+CHEAP = ["embedded", "llamagen-c2i", "llamagen-t2i", "janus", "lumina", "emu3"]  # anole, liquid: 1025, 1024 positions
 
 
 @pytest.mark.parametrize("family,mode", [(f, m) for f in CHEAP for m in MODES]
-                         + [("anole", "sjd"), ("anole", "vvs")])
+                         + [("anole", "sjd"), ("anole", "vvs"), ("liquid", "sjd"), ("liquid", "sjd-rows")])
 def test_the_static_path_gives_the_eager_tokens(families, family, mode):
     result = same_tokens(families[family], DecodeConfig(**MODES[mode]))
     if mode != "ar":  # not vacuous: windows of several widths were scored and partly rejected

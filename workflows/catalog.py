@@ -34,6 +34,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "anole_drafter": ("Anole 7B with LANTERN on its drafter",
                       "Anole-7b-hf/, lantern/anole_drafter/ (jadohu/anole_drafter)"),
     "emu3": ("Emu3 Gen with GSD", "Emu3-Gen-hf/ (transformers folder, VQ-VAE included)"),
+    "liquid": ("Liquid 7B with SJD", "Liquid_V1_7B/ (with Meta's VQGAN in chameleon/ or tokenizer/)"),
 }
 
 
