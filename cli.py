@@ -154,9 +154,15 @@ def _queue(args) -> int:
     return queue(args.rest)
 
 
+def _batch(args) -> int:
+    from .batch import main as batch
+
+    return batch(args.rest)
+
+
 #: subcommands with their own option parsers: everything after the name goes to them
 PASSTHROUGH = {"train-embedded": _train_embedded, "train-drafter": _train_drafter, "evaluate": _evaluate,
-               "bench": _bench, "queue": _queue}
+               "bench": _bench, "queue": _queue, "batch": _batch}
 
 
 #: errors that are about the user's input: printed as one line, exit status 2
@@ -240,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("queue", help="render a prompt list through running ComfyUI servers", add_help=False)
     q.add_argument("rest", nargs=argparse.REMAINDER)
     q.set_defaults(run=_queue)
+    b = sub.add_parser("batch", help="render a prompt list with model replicas, here or on a Ray cluster (--ray)",
+                       add_help=False)
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(run=_batch)
     dl = sub.add_parser("download", help="fetch a known release from the Hugging Face hub into the model folder")
     dl.add_argument("name", nargs="?", help="the release (spec-ar download --list names them)")
     dl.add_argument("--list", action="store_true", help="the known releases, and which are on disk")
