@@ -10,10 +10,14 @@ rerun with the same settings renders only what is missing; other settings into t
 
 With ``--ray`` the list becomes a Ray Data dataset mapped by an actor pool (``map_batches``): each actor loads
 the model (and drafter) once and keeps it; on a cluster with GPUs one actor per ``--gpus-per-actor`` GPUs,
-else one per CPU (``--actors`` overrides).  An actor that dies has its batch retried by Ray on a restarted
-actor; the item files are written whole or not at all, so a retried item is written once.  ``FOLDER`` must be a
-path every node can write (a shared file system), and every node needs the pack and the model files at the
-same paths.  Ray is an optional dependency (``pip install "ray[data]"``), imported by this command only.
+else one per node with that node's cores (``--actors`` overrides; the cores are then shared out).  An actor
+that dies has its batch retried by Ray on a restarted actor; the item files are written whole or not at all, so
+a retried item is written once.  ``FOLDER`` must be a path every node can write (a shared file system), and
+every node needs the pack and the model files at the same paths.  Ray is an optional dependency
+(``pip install "ray[data]"``), imported by this command only.
+
+Left on auto, the window is the auto setting's base width (24 with coupled drafts, 16 without), not a width
+picked from each replica's own timings: every replica, and every rerun, draws the same images for a seed.
 """
 from __future__ import annotations
 
@@ -46,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                     help="render on a Ray cluster: its address (host:port, or 'auto' for the one this machine "
                          "joined); without an address a local Ray instance is started")
-    ap.add_argument("--actors", type=int, help="model replicas (default: one per GPU of the cluster, else one "
-                                               "per CPU)")
+    ap.add_argument("--actors", type=int, help="model replicas (default: one per --gpus-per-actor GPUs of the "
+                                               "cluster, else one per node, with that node's cores)")
     ap.add_argument("--gpus-per-actor", type=float, default=1.0, help="GPUs each replica takes on a GPU cluster "
                                                                        "(default 1)")
     ap.add_argument("--batch", type=int, default=1, help="prompts a replica renders together (default 1)")
@@ -76,6 +80,13 @@ def options_of(args) -> dict:
             "height", "device", "dtype", "decode_path", "batch")
     out = {k: getattr(args, k) for k in keep}
     out["settings"] = {k.name: getattr(args, k.name) for k in KNOBS.values() if getattr(args, k.name) is not None}
+    if args.mode != "ar" and not args.drafter and "window" not in out["settings"]:
+        # auto would pick a width from each replica's own timings (so replicas, and reruns, could draw different
+        # images for one seed): the auto base width instead, the same everywhere
+        from .sampling.config import DecodeConfig, parse
+
+        settings = {name: parse(KNOBS[name], value, "cli") for name, value in out["settings"].items()}
+        out["settings"]["window"] = str(DecodeConfig(mode=args.mode, **settings).drafting[0])
     return out
 
 
@@ -220,9 +231,15 @@ def _render_on_ray(todo: list[dict], options: dict, out: pathlib.Path, key: str,
     try:
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0)
-        count = actors or (max(1, int(gpus // gpus_per_actor)) if gpus else max(1, int(resources.get("CPU", 1))))
-        per_actor = {"num_gpus": gpus_per_actor} if gpus else {"num_cpus": 1}
-        print(f"ray: {count} actors on {resources.get('CPU', 0):g} CPUs, {gpus:g} GPUs", file=sys.stderr)
+        if gpus:
+            count = actors or max(1, int(gpus // gpus_per_actor))
+            per_actor = {"num_gpus": gpus_per_actor}
+        else:  # a replica per node, with the node's cores (its torch threads); --actors shares them out
+            nodes = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+            count = actors or max(1, len(nodes))
+            per_actor = {"num_cpus": max(1, min(int(min(nodes, default=1)), int(sum(nodes) // count)))}
+        print(f"ray: {count} actors on {resources.get('CPU', 0):g} CPUs, {gpus:g} GPUs, each with "
+              f"{', '.join(f'{v:g} {k[4:].upper()}' for k, v in per_actor.items())}", file=sys.stderr)
         dataset = ray.data.from_items(todo).map_batches(
             Renderer, fn_constructor_kwargs={"options": options, "out": str(out), "key": key},
             batch_size=options["batch"], batch_format="numpy", concurrency=count,

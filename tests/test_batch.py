@@ -68,6 +68,7 @@ def check_against_single(out: pathlib.Path, single: pathlib.Path) -> dict:
         assert (out / item["image"]).read_bytes() == (single / item["image"]).read_bytes(), item
         record = json.loads((out / item["record"]).read_text())
         assert record["seed"] == 3 + item["index"] and record["report"]["tokens"] > 0
+        assert record["report"]["settings"]["window"] == 24  # auto's base width, not one timed per replica
     return manifest
 
 
