@@ -296,6 +296,18 @@ def test_family_workflows_run_once_weights_are_in_the_model_folder(server, name)
     assert len([i for i in _outputs(entry, "images") if i["type"] == "output"]) == 1
 
 
+@pytest.mark.parametrize("mode", ["ar", "gsd", "lantern", "vvs"])  # sjd: the shipped workflow, above
+def test_a_new_family_renders_in_every_mode(server, mode):
+    workflow = _api("liquid")
+    sampler = next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")
+    sampler["inputs"]["mode"] = mode
+    if mode in ("lantern", "vvs"):  # the tiny VQGAN has 64 codes
+        sampler["inputs"]["k"] = 16
+    entry = server.run(workflow)
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    assert len([i for i in _outputs(entry, "images") if i["type"] == "output"]) == 1
+
+
 def test_a_release_not_on_disk_is_downloaded_on_first_use_and_renders(server, hub):
     workflow = _with("llamagen_c2i", "SpecAR_LoadModel", model="download: LlamaGen-c2i-B-256",
                      vq="auto (built-in, or beside the model)")

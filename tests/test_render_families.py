@@ -1,6 +1,8 @@
 """`spec-ar render` with the part-2 families: the family detected from the folder."""
 import json
 
+import pytest
+
 from spec_ar.cli import main
 
 from .chameleon_files import write_chameleon
@@ -26,15 +28,21 @@ def test_render_emu3_with_a_negative_prompt(tmp_path, capsys):
     assert "resolution must be a multiple of 8 pixels" in capsys.readouterr().err
 
 
-def test_render_liquid_with_its_reference_defaults(tmp_path):
+@pytest.fixture(scope="module")
+def liquid_folder(tmp_path_factory):
     from .liquid_files import write_liquid
 
-    folder = write_liquid(tmp_path / "Liquid_V1_7B")
-    assert main(["render", "--model", str(folder), "--prompt", "a red fox", "--mode", "sjd", "--window", "32",
+    return write_liquid(tmp_path_factory.mktemp("liquid") / "Liquid_V1_7B")
+
+
+@pytest.mark.parametrize("mode", ["ar", "sjd", "gsd", "lantern", "vvs"])
+def test_render_liquid_in_every_mode_with_its_reference_defaults(liquid_folder, tmp_path, mode):
+    extra = ["--lantern-k", "16"] if mode in ("lantern", "vvs") else []
+    assert main(["render", "--model", str(liquid_folder), "--prompt", "a red fox", "--mode", mode, *extra,
                  "--out", str(tmp_path / "out")]) == 0
-    report = json.loads((tmp_path / "out" / "sjd_0.json").read_text())
+    report = json.loads((tmp_path / "out" / f"{mode}_0.json").read_text())
     assert report["family"] == "liquid" and report["resolution"] == 512 and report["reports"][0]["tokens"] == 1024
-    assert (tmp_path / "out" / "sjd_0.png").is_file()
+    assert (tmp_path / "out" / f"{mode}_0.png").is_file()
     settings = report["reports"][0]["settings"]  # Liquid's reference sampling, unless the user sets otherwise
     assert (settings["cfg_scale"], settings["top_k"], settings["top_p"], settings["temperature"]) == (7.0, 4096, 0.96,
                                                                                                     0.99)
