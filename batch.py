@@ -38,7 +38,7 @@ def item_name(index: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cli import dtype_help, literal, _config_args
+    from .command_options import decoding_options, dtype_help, literal
     from .loaders.static_cache import DECODE_PATHS
     from .loaders.storage import STORAGES
     from .sampling.config import MODE_HELP
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", help="cpu, cuda ... (default: cuda where the replica has a GPU)")
     ap.add_argument("--dtype", choices=["auto", *STORAGES], default="auto", help=literal(dtype_help()))
     ap.add_argument("--decode-path", choices=DECODE_PATHS, default="auto")
-    _config_args(ap)
+    decoding_options(ap)
     return ap
 
 
@@ -153,7 +153,7 @@ class Renderer:
                                                                            "device": device}))
 
     def __call__(self, batch: dict) -> dict:
-        from .cli import _png
+        from .command_options import png_bytes
         from .output_folders import write_all
 
         indices = [int(i) for i in batch["index"]]
@@ -169,7 +169,8 @@ class Renderer:
             name = item_name(index)
             record = {"index": index, "prompt": prompt, "seed": seed, "run": self.key, "image": f"{name}.png",
                       "actor": self.name, "seconds": seconds, "model": self.model.name, "report": report.to_dict()}
-            write_all(self.out, {f"{name}.png": _png(image), f"{name}.json": json.dumps(record, indent=1).encode()})
+            files = {f"{name}.png": png_bytes(image), f"{name}.json": json.dumps(record, indent=1).encode()}
+            write_all(self.out, files)
         return {"index": indices, "actor": [self.name] * len(indices), "seconds": [seconds] * len(indices)}
 
 

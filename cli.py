@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from .command_options import decoding_options, dtype_help, literal, png_bytes
 from .output_folders import writable_folder, write_all
 
 
@@ -37,28 +38,6 @@ def _evaluate(args) -> int:
     from .embedded_tools.evaluate import main as evaluate
 
     return evaluate(args.rest)
-
-
-def _config_args(ap: argparse.ArgumentParser):
-    """One option per knob of the knob table (``--group-size``, ``--lantern-delta``, ...),
-    read as text and checked by the table, so errors name the option."""
-    from .sampling.config import KNOBS, SAMPLING_FALLBACK, DecodeConfig
-
-    group = ap.add_argument_group("decoding settings (the knob table; defaults: the mode's and the model family's)")
-    defaults = DecodeConfig()
-    for k in KNOBS.values():
-        default = getattr(defaults, k.name)
-        shown = ("the family's" if k.name in SAMPLING_FALLBACK else k.unset if default is None and k.unset
-                 else "the mode's" if default is None and k.choices else "none" if default is None else default)
-        group.add_argument(k.option, dest=k.name, default=None, metavar=k.symbol.upper() if not k.choices else None,
-                           choices=[c for c in k.choices if c is not None] if k.choices else None,
-                           help=literal(f"{k.help} ({'' if k.choices else k.range_text() + '; '}default {shown})"))
-
-
-def literal(text: str) -> str:
-    """Help text as argparse prints it verbatim: it expands ``%`` in option help
-    (``%(default)s``), so a knob help saying "11 % more" must double its ``%``."""
-    return text.replace("%", "%%")
 
 
 def _render(args) -> int:
@@ -106,23 +85,12 @@ def _render(args) -> int:
     report = {"model": model.name, "family": model.family, "resolution": model.resolution, "device": device,
               "dtype": str(dtype), "warnings": model.warnings, "images": [str(out / n) for n in names],
               "reports": [r.to_dict() for r in result.reports]}
-    files = {n: _png(img) for n, img in zip(names, images)}
+    files = {n: png_bytes(img) for n, img in zip(names, images)}
     files[f"{args.mode}_{args.seed}.json"] = json.dumps(report, indent=1).encode()
     write_all(out, files)
     print(result.reports[0].summary())
     print(f"wrote {', '.join(report['images'])} and {out / f'{args.mode}_{args.seed}.json'}")
     return 0
-
-
-def _png(image) -> bytes:
-    """``[3, H, W]`` in [0, 1] -> PNG bytes."""
-    import io
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray((image.permute(1, 2, 0).numpy() * 255).round().astype("uint8")).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def _download(args) -> int:
@@ -205,14 +173,6 @@ def _dispatch(argv: list[str]) -> int:
     return args.run(args)
 
 
-def dtype_help() -> str:
-    """``--dtype``'s help, from the storage table (shared with ``spec-ar bench``)."""
-    from .loaders.storage import AUTO_HELP, STORAGES
-
-    return "how the weights are stored: " + "; ".join(f"{n}: {s.help}" for n, s in STORAGES.items()) + \
-        f"; auto: {AUTO_HELP} (default)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     """``spec-ar``'s parser; the subcommands in :data:`PASSTHROUGH` parse their own options."""
     from .loaders.offload import HELP as OFFLOAD_HELP
@@ -283,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--offload", action="store_true", help=literal(OFFLOAD_HELP))
     render.add_argument("--decode-path", choices=DECODE_PATHS, default="auto", help=literal(PATH_HELP))
     render.add_argument("--out", default="out/render", help="output folder (default: out/render)")
-    _config_args(render)
+    decoding_options(render)
     render.set_defaults(run=_render)
     return ap
 

@@ -30,8 +30,9 @@ LAYERS = [
     {"training"},  # draft heads for any model (the embedded one's prompts come from its world)
     {"bench", "benchmarks"},
     {"workflows"},  # ComfyUI's workflow formats
+    {"command_options"},  # what spec-ar's commands share: options from the knob table, PNG bytes
     {"nodes"},  # ComfyUI nodes
-    {"queue_client"},  # spec-ar queue
+    {"queue_client", "batch"},  # spec-ar queue, spec-ar batch
     {"cli"},  # spec-ar
     {"__init__"},  # ComfyUI's entry point
 ]
