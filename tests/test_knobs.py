@@ -10,14 +10,14 @@ from dataclasses import fields
 import pytest
 
 from spec_ar.bench.sweeps import parse_sweep, sweep_keys
-from spec_ar.cli import _config_args, literal
+from spec_ar.command_options import decoding_options, literal
 from spec_ar.nodes import common
 from spec_ar.sampling.config import KNOBS, SURFACES, ConfigError, DecodeConfig, check
 
 
 def cli_options() -> dict[str, argparse.Action]:
     ap = argparse.ArgumentParser()
-    _config_args(ap)
+    decoding_options(ap)
     return {a.dest: a for a in ap._actions if a.option_strings}
 
 
