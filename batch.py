@@ -240,11 +240,13 @@ def _render_on_ray(todo: list[dict], options: dict, out: pathlib.Path, key: str,
             count = actors or max(1, len(nodes))
             per_actor = {"num_cpus": max(1, min(int(min(nodes, default=1)), int(sum(nodes) // count)))}
         print(f"ray: {count} actors on {resources.get('CPU', 0):g} CPUs, {gpus:g} GPUs, each with "
-              f"{', '.join(f'{v:g} {k[4:].upper()}' for k, v in per_actor.items())}", file=sys.stderr)
+              f"{', '.join(f'{v:g} {k[4:-1].upper()}' for k, v in per_actor.items())}", file=sys.stderr)
+        # Ray Data's actor pools restart a dead actor and retry its batch without end (max_restarts and
+        # max_task_retries -1, its defaults): what keeps a killed replica's prompts
         dataset = ray.data.from_items(todo).map_batches(
             Renderer, fn_constructor_kwargs={"options": options, "out": str(out), "key": key},
-            batch_size=options["batch"], batch_format="numpy", concurrency=count,
-            max_restarts=-1, max_task_retries=-1, **per_actor)
+            batch_size=options["batch"], batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=count),
+            **per_actor)
         return list(dataset.iter_rows())
     finally:
         ray.shutdown()
