@@ -10,6 +10,9 @@ decoder: how blocks group into levels (LlamaGen's ``conv_blocks.N.res.M`` agains
 taming's ``down.N.block.M`` / ``up.N.block.M``), the middle section (LlamaGen's
 ``mid.0``/``mid.1``/``mid.2`` against taming's ``mid.block_1``/``attn_1``/``block_2``)
 and the quantizer (LlamaGen L2-normalises its codebook; Chameleon's is used as is).
+
+:class:`CodebookDecoder` is the loaded decoder's interface the Chameleon VQGAN and MoVQGAN share
+(codes checked, decoded, put in [0, 1]; the codebook; memory per image).
 """
 from __future__ import annotations
 
@@ -90,3 +93,49 @@ def decoder_bytes(pixels: int, channels: int, itemsize: int) -> int:
     """An estimate of a VQ decoder's peak activations for one image of ``pixels``
     pixels whose last level has ``channels`` channels."""
     return DECODER_LIVE_TENSORS * pixels * channels * itemsize
+
+
+class LevelledSpec:
+    """What a decoder's architecture (a dataclass with ``ch``, ``ch_mult``, ``n_embed``) implies."""
+
+    @property
+    def downsample(self) -> int:
+        return 2 ** (len(self.ch_mult) - 1)
+
+
+class CodebookDecoder:
+    """A loaded VQ decoder whose ``model`` has a ``spec`` (:class:`LevelledSpec`), a ``quantize.embedding``
+    codebook, a ``post_quant_conv`` and ``decode_codes`` (codes -> pixels in about [-1, 1]): codes -> images,
+    plus the codebook for the engine."""
+
+    def __init__(self, model: nn.Module, source: str = ""):
+        self.model, self.source = model, source
+
+    @property
+    def spec(self):
+        return self.model.spec
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.post_quant_conv.weight.device
+
+    def codebook(self) -> torch.Tensor:
+        """``[n_embed, embed_dim]`` code vectors as stored (float32)."""
+        return self.model.quantize.embedding.weight.detach().float()
+
+    def bytes_per_image(self, grid: tuple[int, int]) -> int:
+        """Peak activations decoding one image of ``grid`` tokens (an estimate)."""
+        s = self.spec
+        itemsize = next(self.model.parameters()).element_size()
+        return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.ch * s.ch_mult[0], itemsize)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes ``[B, h, w]`` -> images ``[B, 3, h*ds, w*ds]`` float32 in [0, 1]."""
+        codes = codes.to(self.device).long()
+        if codes.dim() != 3:
+            raise ValueError(f"codes must be [B, h, w], got {list(codes.shape)}")
+        if codes.numel() and (codes.min() < 0 or codes.max() >= self.spec.n_embed):
+            raise ValueError(f"codes must lie in [0, {self.spec.n_embed}), got {codes.min()}..{codes.max()}")
+        x = self.model.decode_codes(codes).float()
+        return unit_range((x + 1) / 2)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats.checkpoints import CheckpointError, load_file, state_dict
-from .blocks import Upsample, decoder_bytes, swish, unit_range
+from .blocks import CodebookDecoder, LevelledSpec, Upsample, swish
 
 
 class SpatialNorm(nn.Module):
@@ -67,7 +67,7 @@ class AttnBlock(nn.Module):
 
 
 @dataclass(frozen=True)
-class MoVQSpec:
+class MoVQSpec(LevelledSpec):
     ch: int = 256
     ch_mult: tuple[int, ...] = (1, 2, 2, 4)
     num_res_blocks: int = 2
@@ -76,10 +76,6 @@ class MoVQSpec:
     embed_dim: int = 4
     n_embed: int = 16384
     out_ch: int = 3
-
-    @property
-    def downsample(self) -> int:
-        return 2 ** (len(self.ch_mult) - 1)
 
     @classmethod
     def from_state_dict(cls, sd: dict, source: str = "the checkpoint") -> "MoVQSpec":
@@ -167,11 +163,8 @@ class MoVQModel(nn.Module):
         return self.decoder(self.post_quant_conv(zq), zq)
 
 
-class MoVQGANDecoder:
+class MoVQGANDecoder(CodebookDecoder):
     """A loaded MoVQGAN: codes -> images, plus its codebook for the engine."""
-
-    def __init__(self, model: MoVQModel, source: str = ""):
-        self.model, self.source = model, source
 
     @classmethod
     def load(cls, path: str | pathlib.Path, device="cpu", dtype=torch.float32) -> "MoVQGANDecoder":
@@ -191,30 +184,3 @@ class MoVQGANDecoder:
             raise CheckpointError(f"{source}: the MoVQGAN decoder's tensors do not fit the architecture they "
                                   f"describe ({' '.join(str(err).split())[:300]})") from None
         return cls(model.to(device=device, dtype=dtype).eval(), source)
-
-    @property
-    def spec(self) -> MoVQSpec:
-        return self.model.spec
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.post_quant_conv.weight.device
-
-    def codebook(self) -> torch.Tensor:
-        return self.model.quantize.embedding.weight.detach().float()
-
-    def bytes_per_image(self, grid: tuple[int, int]) -> int:
-        s = self.spec
-        itemsize = next(self.model.parameters()).element_size()
-        return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.ch * s.ch_mult[0], itemsize)
-
-    @torch.no_grad()
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """Codes ``[B, h, w]`` -> images ``[B, 3, h*ds, w*ds]`` float32 in [0, 1]."""
-        codes = codes.to(self.device).long()
-        if codes.dim() != 3:
-            raise ValueError(f"codes must be [B, h, w], got {list(codes.shape)}")
-        if codes.numel() and (codes.min() < 0 or codes.max() >= self.spec.n_embed):
-            raise ValueError(f"codes must lie in [0, {self.spec.n_embed}), got {codes.min()}..{codes.max()}")
-        x = self.model.decode_codes(codes).float()
-        return unit_range((x + 1) / 2)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..formats.checkpoints import CheckpointError, load_file, state_dict
-from .blocks import AttnBlock, Downsample, ResnetBlock, Upsample, decoder_bytes, norm, swish, unit_range
+from .blocks import AttnBlock, CodebookDecoder, Downsample, LevelledSpec, ResnetBlock, Upsample, norm, swish
 
 YAML_NAME, CKPT_NAME = "vqgan.yaml", "vqgan.ckpt"
 
@@ -51,7 +51,7 @@ class _Mid(nn.Module):
 
 # -- the architecture ----------------------------------------------------------
 @dataclass(frozen=True)
-class VQGANSpec:
+class VQGANSpec(LevelledSpec):
     """The architecture, as written in ``vqgan.yaml`` (``model.params``)."""
 
     embed_dim: int = 256
@@ -65,10 +65,6 @@ class VQGANSpec:
     in_channels: int = 3
     out_ch: int = 3
     dropout: float = 0.0
-
-    @property
-    def downsample(self) -> int:
-        return 2 ** (len(self.ch_mult) - 1)
 
     @classmethod
     def from_config(cls, cfg: dict, source: str = "vqgan.yaml") -> "VQGANSpec":
@@ -247,11 +243,8 @@ def _check_weights(spec: VQGANSpec, sd: dict[str, torch.Tensor], expected: dict[
     return problems
 
 
-class VQGANDecoder:
+class VQGANDecoder(CodebookDecoder):
     """A loaded Chameleon VQGAN: codes -> images, plus its codebook for the engine."""
-
-    def __init__(self, model: VQGANModel, source: str = ""):
-        self.model, self.source = model, source
 
     @classmethod
     def load(cls, yaml_path: str | pathlib.Path, ckpt_path: str | pathlib.Path | None = None, device="cpu",
@@ -289,32 +282,3 @@ class VQGANDecoder:
         model = VQGANModel(spec, with_encoder)
         model.load_state_dict(sd, strict=True)
         return cls(model.to(device=device, dtype=dtype).eval(), source)
-
-    def bytes_per_image(self, grid: tuple[int, int]) -> int:
-        """Peak activations decoding one image of ``grid`` tokens (an estimate)."""
-        s = self.spec
-        itemsize = next(self.model.parameters()).element_size()
-        return decoder_bytes(grid[0] * grid[1] * s.downsample ** 2, s.ch * s.ch_mult[0], itemsize)
-
-    @property
-    def spec(self) -> VQGANSpec:
-        return self.model.spec
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.post_quant_conv.weight.device
-
-    def codebook(self) -> torch.Tensor:
-        """``[n_embed, embed_dim]`` code vectors as stored (float32)."""
-        return self.model.quantize.embedding.weight.detach().float()
-
-    @torch.no_grad()
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """Codes ``[B, h, w]`` -> images ``[B, 3, h*ds, w*ds]`` float32 in [0, 1]."""
-        codes = codes.to(self.device).long()
-        if codes.dim() != 3:
-            raise ValueError(f"codes must be [B, h, w], got {list(codes.shape)}")
-        if codes.numel() and (codes.min() < 0 or codes.max() >= self.spec.n_embed):
-            raise ValueError(f"codes must lie in [0, {self.spec.n_embed}), got {codes.min()}..{codes.max()}")
-        x = self.model.decode_codes(codes).float()
-        return unit_range((x + 1) / 2)

@@ -173,7 +173,7 @@ class Emu3Adapter(TransformersAdapter):
     def __init__(self, model, tokenizer, grid: int, vocab: Emu3Vocabulary | None = None,
                  pixel_affine: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.model, self.tokenizer = model, tokenizer
-        self.text, self.head = model.model.text_model, model.lm_head
+        self.inner, self.head = model.model.text_model, model.lm_head
         self.device = next(model.parameters()).device
         self.vocab = vocab or Emu3Vocabulary(model, tokenizer)
         self.vocab_size = self.head.out_features
@@ -200,28 +200,15 @@ class Emu3Adapter(TransformersAdapter):
         """The reference condition (:func:`condition_ids`)."""
         return condition_ids(self.tokenizer, prompt, self.rows, self.cols, self.vocab.specials)
 
-    @torch.no_grad()
-    def prefill(self, conditions, negatives, guided):
+    def condition_rows(self, conditions, negatives, guided):
         rows = [self.prompt_ids(p) for p in conditions]
         if guided:  # the uncond branch: the negative prompt in the same template
             negs = list(negatives) if negatives is not None else [None] * len(conditions)
             rows += [self.prompt_ids(DEFAULT_NEGATIVE if n is None else n) for n in negs]
-        width = max(map(len, rows))
-        pad = self.vocab.pad
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
-        pad_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
-        self.batch = len(conditions)
-        self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
-        self.prompt_rows = (ids, pad_mask)  # a draft head that reads the prompt takes them
-        self.cache = self._new_cache(self.text, len(rows), width)
-        hidden = self._keep(self.text(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
-        self.cache.commit()
-        return self._logits(hidden[:, -1])
+        return rows
 
-    @torch.no_grad()
-    def _hidden(self, tokens, cache_inputs):
-        ids = tokens.to(self.device).repeat(self.cache.kv.rows // tokens.shape[0], 1)
-        return self.text(input_ids=ids, **cache_inputs).last_hidden_state
+    def pad_id(self) -> int:
+        return self.vocab.pad
 
     def token_vectors(self):
         # raw codebook rows: Emu3's quantizer picks codes by plain L2 distance (no normalisation)

@@ -112,12 +112,17 @@ class StaticCache:
 
 
 class TransformersAdapter(ImageAdapter):
-    """What the transformers-based adapters (Janus, Chameleon, Emu3) share: a
+    """What the transformers-based adapters (Janus, Chameleon, Emu3, Liquid) share: a
     :class:`StaticCache` whose rows are the ``batch`` samples of each guidance
     branch in turn, after prompts of ``prompt_lengths`` tokens (set by ``prefill``),
-    and forwards on the adapter's decode path."""
+    and forwards on the adapter's decode path.  The prefill runs left-padded token
+    rows (:meth:`condition_rows`: the prompts, then a fixed unconditional row each
+    unless an adapter says otherwise) through ``inner``; Janus, which feeds
+    embeddings, has its own."""
 
     MARGIN = 4 * 128  # cache entries past the image: windows over its end, padded widths
+    #: the decoder stack the token rows run through (``input_ids`` and the cache in, last hidden states out)
+    inner: torch.nn.Module
     cache: StaticCache | None = None
     batch: int = 0
     prompt_lengths: torch.Tensor | None = None
@@ -174,6 +179,36 @@ class TransformersAdapter(ImageAdapter):
         if self.keep_features:
             self.features = features.clone()
         return logits
+
+    # -- prompts and the cache loop of the text-prompted families -----------------------
+    def condition_rows(self, conditions, negatives, guided) -> list[list[int]]:
+        """The prefill's token rows: the prompts, then (guided) a fixed unconditional row per prompt."""
+        rows = [self.prompt_ids(p) for p in conditions]
+        return rows + [self.unconditional_ids()] * len(conditions) if guided else rows
+
+    def pad_id(self) -> int:
+        """Any id: the left padding is masked."""
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.bos
+
+    @torch.no_grad()
+    def prefill(self, conditions, negatives, guided):
+        rows = self.condition_rows(conditions, negatives, guided)
+        width, pad = max(map(len, rows)), self.pad_id()
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
+        pad_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
+        self.batch = len(conditions)
+        self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
+        self.prompt_rows = (ids, pad_mask)  # a draft head that reads the prompt takes them
+        self.cache = self._new_cache(self.inner, len(rows), width)
+        hidden = self._keep(self.inner(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
+        self.cache.commit()
+        return self._logits(hidden[:, -1])
+
+    @torch.no_grad()
+    def _hidden(self, tokens, cache_inputs):
+        ids = tokens.to(self.device).repeat(self.cache.kv.rows // tokens.shape[0], 1)
+        return self.inner(input_ids=ids, **cache_inputs).last_hidden_state
 
     def _static_window(self, tokens, keys):
         """The static path's forward of a padded window, ``keys`` cache entries read."""

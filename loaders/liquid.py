@@ -91,28 +91,6 @@ class LiquidAdapter(TransformersAdapter):
     def unconditional_ids(self) -> list[int]:
         return self.tokenizer(UNCONDITIONAL).input_ids
 
-    @torch.no_grad()
-    def prefill(self, conditions, negatives, guided):
-        rows = [self.prompt_ids(p) for p in conditions]
-        if guided:
-            rows += [self.unconditional_ids()] * len(conditions)
-        width = max(map(len, rows))
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.bos
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
-        pad_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
-        self.batch = len(conditions)
-        self.prompt_lengths = pad_mask[: self.batch].sum(1).cpu()
-        self.prompt_rows = (ids, pad_mask)
-        self.cache = self._new_cache(self.inner, len(rows), width)
-        hidden = self._keep(self.inner(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
-        self.cache.commit()
-        return self._logits(hidden[:, -1])
-
-    @torch.no_grad()
-    def _hidden(self, tokens, cache_inputs):
-        ids = tokens.to(self.device).repeat(self.cache.kv.rows // tokens.shape[0], 1)
-        return self.inner(input_ids=ids, **cache_inputs).last_hidden_state
-
     def token_vectors(self):
         if self.codebook is None:
             return None

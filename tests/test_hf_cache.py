@@ -29,7 +29,7 @@ def load(family, folder):
 @pytest.mark.parametrize("family", ["janus", "lumina", "emu3"])
 def test_decoding_raises_no_cache_deprecation_warning(family, tmp_path):
     model = load(family, tmp_path)
-    inner = {"janus": "lm", "lumina": "inner", "emu3": "text"}[family]
+    inner = "lm" if family == "janus" else "inner"
     named = cache_argument(getattr(model.adapter, inner))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
