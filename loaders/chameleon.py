@@ -62,6 +62,7 @@ LUMINA_SIZES = (512, 768, 1024)
 ANOLE_SIZE = 512
 PATCH = 16  # pixels per image token
 SIZE_UNIT = 32  # Lumina's size tokens count 32-pixel units
+LUMINA2_IMAGE_BASE = 155000  # Lumina-mGPT 2.0's first image token (``lumina2.py``), named by no vocabulary entry
 NORM_KEY = re.compile(r"model\.layers\.\d+\.self_attn\.([qk])_norm\.(?:weight|bias)")
 
 
@@ -94,6 +95,14 @@ def flavour_of(config: dict) -> str:
     """Lumina-mGPT ships its own subclass (``ChameleonXLLMXForConditionalGeneration``)."""
     archs = " ".join(config.get("architectures") or [])
     return "lumina" if "XLLMX" in archs or "Lumina" in archs else "anole"
+
+
+def is_lumina2(config: dict) -> bool:
+    """Lumina-mGPT 2.0's fork of the architecture: no ``IMGIMG`` image tokens, a vocabulary reaching past
+    its fixed image ids (``lumina2.py`` loads it)."""
+    vocab = config.get("vocab_size")
+    return (config.get("model_type") == "chameleon" and isinstance(vocab, int) and vocab > LUMINA2_IMAGE_BASE
+            and not image_code_map(config.get("vocabulary_map") or {}))
 
 
 def check_size(flavour: str, width: int, height: int) -> None:
@@ -320,7 +329,9 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
 def _chameleon_flavour(path: pathlib.Path) -> str | None:
     """``lumina`` or ``anole`` for a folder with transformers' Chameleon config.json."""
     settings = transformers_config(path) or {}
-    return flavour_of(settings) if settings.get("model_type") == "chameleon" else None
+    if settings.get("model_type") != "chameleon" or is_lumina2(settings):
+        return None
+    return flavour_of(settings)
 
 
 def _detect_lumina(path: pathlib.Path) -> Detected | None:

@@ -110,6 +110,11 @@ class ImageAdapter:
     def check_conditions(self, conditions: Sequence, negatives: Sequence | None) -> None:
         """Raise ``ValueError`` naming the bad prompt before any model work."""
 
+    def guidance_scales(self, scale: float) -> torch.Tensor | None:
+        """The guidance scale at each stream position (``[layout.length]``) where the family's
+        reference varies it with the position, starting from ``scale``; None: ``scale`` throughout."""
+        return None
+
     def branches(self, guided: bool) -> int:
         """Number of guidance branches ``K`` that ``prefill``/``forward`` return."""
         return 2 if guided else 1

@@ -142,7 +142,8 @@ class SpeculativeDecoder:
         lay = adapter.layout
         if lay.vocab_size != adapter.vocab_size:
             raise ValueError(f"adapter layout covers {lay.vocab_size} ids but vocab_size is {adapter.vocab_size}")
-        self.pipeline = build_pipeline(config, lay, adapter.guidance, adapter.device)
+        self.pipeline = build_pipeline(config, lay, adapter.guidance, adapter.device,
+                                       scales=adapter.guidance_scales(config.cfg_scale))
         self.rule = make_rule(config.rule, config, geometry) if config.drafts else None
         self.schedule = make_schedule(config.verify_schedule, config, geometry)
         if drafter is not None:

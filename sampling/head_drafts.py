@@ -83,7 +83,8 @@ class HeadDrafts:
         """After the target's prefill: the head reads the condition (when it was
         trained to) and keeps the feature that predicted image token 0."""
         t = self.target
-        self.pipeline = build_pipeline(config, t.layout, t.guidance, t.device)
+        self.pipeline = build_pipeline(config, t.layout, t.guidance, t.device,
+                                       scales=t.guidance_scales(config.cfg_scale))
         self.timer = timer
         cond = t.features  # [R, B, C, H]
         R, B, C, H = cond.shape

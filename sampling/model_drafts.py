@@ -63,7 +63,8 @@ class ModelDrafts:
         """Prefill the drafter with the batch's conditions (called after the target's);
         its logits are processed with the target's settings (``config``)."""
         ad = self.adapter
-        self.pipeline = build_pipeline(config, ad.layout, ad.guidance, ad.device)
+        self.pipeline = build_pipeline(config, ad.layout, ad.guidance, ad.device,
+                                       scales=ad.guidance_scales(config.cfg_scale))
         self.timer = timer
         with timer.model("drafter"):
             self.adapter.prefill(conditions, negatives, guided)

@@ -94,3 +94,18 @@ def test_other_guidance_styles():
     torch.testing.assert_close(ImageTextGuidance(3.0, 1.2)(z), z[2] + 1.2 * (z[1] - z[2]) + 3.0 * (z[0] - z[1]))
     lp = torch.log_softmax(z[:2], -1)
     torch.testing.assert_close(LogSoftmaxGuidance(2.5)(z[:2]), lp[1] + 2.5 * (lp[0] - lp[1]))
+
+
+def test_a_scale_per_position_mixes_each_position_with_its_own_and_the_last_past_the_end():
+    layout = TokenLayout.raster(1, 4, 16)
+    scales = torch.tensor([2.0, 3.0, 5.0, 7.0])
+    pipe = build_pipeline(DecodeConfig(cfg_scale=2.0).with_defaults({}), layout, "linear", torch.device("cpu"),
+                          pad=4, scales=scales)
+    logits = torch.randn(2, 1, 6, 16, dtype=torch.float64).float()
+    positions = torch.tensor([[0, 1, 2, 3, 4, 7]])  # the last two past the stream's end
+    want = [torch.softmax(logits[1, 0, i] + s * (logits[0, 0, i] - logits[1, 0, i]), -1)
+            for i, s in enumerate([2.0, 3.0, 5.0, 7.0, 7.0, 7.0])]
+    torch.testing.assert_close(pipe(logits.clone(), positions)[0], torch.stack(want))
+    with pytest.raises(Exception, match="linear guidance only"):
+        build_pipeline(DecodeConfig(cfg_scale=2.0).with_defaults({}), layout, "log_softmax", torch.device("cpu"),
+                       pad=4, scales=scales)
