@@ -25,7 +25,7 @@ SIZES_PX = (32, 64, 96, 128, 256, 512, 768, 1024)
 SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<racm3:break>": 151665,
             "<eoss>": 151666, "<reserved08796>": 151667, "<reserved08797>": 151668, "<reserved08798>": 151669,
             "<reserved08799>": 151670, "<reserved08706>": 151900}
-SPECIALS.update({f"<reserved{8800 + n:05d}>": 151671 + n for n in range(1, 41)})
+SPECIALS.update({f"<reserved{8800 + n:05d}>": 151671 + n for n in range(0, 41)})
 VOCAB_SIZE = 172032
 CODES = 16384
 SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -46,3 +46,22 @@ def test_render_liquid_in_every_mode_with_its_reference_defaults(liquid_folder, 
     settings = report["reports"][0]["settings"]  # Liquid's reference sampling, unless the user sets otherwise
     assert (settings["cfg_scale"], settings["top_k"], settings["top_p"], settings["temperature"]) == (7.0, 4096, 0.96,
                                                                                                     0.99)
+
+
+@pytest.fixture(scope="module")
+def lumina2_folder(tmp_path_factory):
+    from .lumina2_files import write_lumina2
+
+    return write_lumina2(tmp_path_factory.mktemp("lumina2") / "Lumina-mGPT-2.0")
+
+
+@pytest.mark.parametrize("mode", ["ar", "sjd", "gsd", "lantern", "vvs"])
+def test_render_lumina2_in_every_mode_with_its_reference_defaults(lumina2_folder, tmp_path, mode):
+    extra = ["--lantern-k", "16"] if mode in ("lantern", "vvs") else []
+    assert main(["render", "--model", str(lumina2_folder), "--prompt", "a red fox", "--mode", mode, *extra,
+                 "--width", "96", "--height", "64", "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / f"{mode}_0.json").read_text())
+    assert report["family"] == "lumina2" and report["reports"][0]["tokens"] == 2 + 8 * 13 + 1
+    assert (tmp_path / "out" / f"{mode}_0.png").is_file()
+    settings = report["reports"][0]["settings"]  # the reference's sampling, unless the user sets otherwise
+    assert (settings["cfg_scale"], settings["top_k"], settings["temperature"]) == (4.0, 4096, 1.0)
