@@ -20,7 +20,11 @@ Families (``--layout``, the first one the default: the layout the main release s
   vocab.json + merges.txt tokenizer);
 * ``liquid-7b``: ``original`` (Junfeng5/Liquid_V1_7B: ``GemmaForCausalLM``, Gemma-7B's vocabulary grown by the
   8192 VQ codes, tied embeddings, a Gemma tokenizer.json with ``<boi>`` / ``<eoi>`` / ``<unconditional>`` at ids
-  7-9), with Meta's VQGAN in ``chameleon/vqgan.yaml`` + ``vqgan.ckpt`` where Liquid's script reads it.
+  7-9), with Meta's VQGAN in ``chameleon/vqgan.yaml`` + ``vqgan.ckpt`` where Liquid's script reads it;
+* ``lumina-mgpt-2.0``: ``original`` (Alpha-VLLM/Lumina-mGPT-2.0 as the authors' fork saves it:
+  ``ChameleonXLLMX`` config with the fork's fields, q/k norms ``[model_parallel_size, head_dim]``, no VQ-VAE, a
+  Qwen2.5-sized tokenizer with Chameleon's specials, image ids 155000 + code named by no entry; its text
+  model's sizes assumed, see [A]), with SBER-MoVQGAN 270M's decoder in ``movqgan/270M/movqgan_270M.ckpt``.
 
 Tensor names and shapes come from the transformers model built on the meta device from the configuration
 (:data:`CONFIGS`), mapped to the original names where a layout needs them; nothing is allocated for them.
@@ -86,6 +90,13 @@ import torch
 #       <end_of_image>; Chameleon's <s>/</s>/<unk> and the IMGIMG code order; Emu3's order of
 #       <|image start|>, <|image end|>, <|image token|> and the visual tokens after the 208 BAAI specials,
 #       which exactly fills vocab 184622).
+#  [M]  Lumina-mGPT 2.0's code (Alpha-VLLM/Lumina-mGPT-2.0 @f44a4d7): image ids 155000 + code (16384 codes, its
+#       logits processor), <racm3:break> 151665, <eoss> 151666, <reserved08799> 151670 (hard-coded in
+#       inference_solver.py), the MoVQGAN 270M ddconfig (movqgan/__init__.py).
+#  [A]  assumed: what no published file here fixes.  Lumina-mGPT 2.0's config.json is not in its repository (its
+#       training builds the model from a config_new.json it does not ship): the text model is taken as Chameleon-7B
+#       (the architecture the authors forked, "7B" in their report), its vocabulary the smallest multiple of 1024
+#       past the last image id (172032), 10240 positions (its generate() allows 10240 new tokens).
 CONFIGS = {
     "janus-pro-7b": {
         "release": "deepseek-ai/Janus-Pro-7B (original), deepseek-community/Janus-Pro-7B (converted)",
@@ -142,6 +153,21 @@ CONFIGS = {
                 "<|visual token 000000|>": 151854},  # codes in order up to 184621 [D]
         "shard_gb": {"converted": 5.0},
     },
+    "lumina-mgpt-2.0": {
+        "release": "Alpha-VLLM/Lumina-mGPT-2.0 (7B, the authors' Chameleon fork) + ai-forever/MoVQGAN 270M",
+        "layouts": ("original",),
+        "text": dict(vocab_size=172032, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,  # [A]
+                     num_key_value_heads=32, max_position_embeddings=10240, rms_norm_eps=1e-5,  # [A]
+                     rope_theta=10000.0, multiple_of=256, ffn_dim_multiplier=1.0),  # -> FFN 11008 [A]
+        "movqgan": dict(ch=256, ch_mult=(1, 2, 2, 4), num_res_blocks=2, attn_levels=(3,), z_channels=4,  # [M]
+                        embed_dim=4, n_embed=16384),  # [M]
+        "image_tokens": 9315,  # 768 px: 96 rows of 96 + row end, 2 size tokens, end [M]
+        "ids": {"<|endoftext|>": 151643, "<racm3:break>": 151665, "<eoss>": 151666, "<reserved08796>": 151667,  # [M]
+                "<reserved08797>": 151668, "<reserved08798>": 151669, "<reserved08799>": 151670,  # [M]
+                "<reserved08706>": 151671},  # [D]; the size tokens <reserved08800 + n> follow [D]
+        "image_base": 155000,  # [M]
+        "shard_gb": {"original": 5.0},
+    },
     "liquid-7b": {
         "release": "Junfeng5/Liquid_V1_7B (Gemma-7B + 8192 image codes), 8.5B",
         "layouts": ("original",),
@@ -159,9 +185,9 @@ CONFIGS = {
 }
 ALIASES = {"janus": "janus-pro-7b", "janus-pro": "janus-pro-7b", "lumina": "lumina-mgpt-7b-768",
            "lumina-mgpt": "lumina-mgpt-7b-768", "anole": "anole-7b", "emu3": "emu3-gen", "emu3-gen-8b": "emu3-gen",
-           "liquid": "liquid-7b"}
+           "liquid": "liquid-7b", "lumina2": "lumina-mgpt-2.0"}
 FAMILY_OF = {"janus-pro-7b": "janus", "lumina-mgpt-7b-768": "lumina", "anole-7b": "anole", "emu3-gen": "emu3",
-             "liquid-7b": "liquid"}
+             "liquid-7b": "liquid", "lumina-mgpt-2.0": "lumina2"}
 
 CHUNK = 1 << 23  # elements drawn (and written) at a time: 16 MB of bfloat16
 STD = 0.02
@@ -1090,7 +1116,7 @@ def write(family: str, out, layout: str | None = None, dtype: torch.dtype = torc
     stats = Stats()
     start = time.perf_counter()
     fn = {"janus-pro-7b": _write_janus, "lumina-mgpt-7b-768": _write_chameleon, "anole-7b": _write_chameleon,
-          "emu3-gen": _write_emu3, "liquid-7b": _write_liquid}[family]
+          "emu3-gen": _write_emu3, "liquid-7b": _write_liquid, "lumina-mgpt-2.0": _write_lumina2}[family]
     token = _HOLES.set(holes)
     try:
         fn(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log)
@@ -1352,6 +1378,75 @@ def _write_liquid(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats
              lambda: write_sharded(out, specs, dtype, seed, max_bytes, "safetensors", stats, log))
 
 
+def lumina2_vocabulary(cfg: dict) -> dict[str, int]:
+    """Qwen2.5-sized text ids (byte-level BPE fillers up to <|endoftext|>), then the specials at their ids, the
+    size tokens after them; image ids are named by no entry (the reference adds them by number)."""
+    ids = cfg["ids"]
+    vocab = text_vocabulary(ids["<|endoftext|>"])
+    vocab.update(ids)
+    top = max(ids.values())
+    vocab.update({f"<reserved{8800 + n:05d}>": top + 1 + n for n in range(64)})  # up to 2016 px [D]
+    return vocab
+
+
+def lumina2_config(cfg: dict, scale: float, dtype: torch.dtype) -> dict:
+    """config.json as the fork's ``ChameleonXLLMXConfig`` saves it (``model_parallel_size``, ``mask_image_logits``,
+    ``dropout``, ``z_loss_weight``), the vocabulary map the tokenizer's (no IMGIMG names)."""
+    text = scaled_text(cfg["text"], scale)
+    inter = meta_ffn(text["hidden_size"], text.pop("ffn_dim_multiplier"), text.pop("multiple_of"))
+    ids = cfg["ids"]
+    return {"architectures": ["ChameleonXLLMXForConditionalGeneration"], "model_type": "chameleon", **text,
+            "intermediate_size": inter, "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": None,
+            "eos_token_id": ids["<|endoftext|>"], "pad_token_id": ids["<|endoftext|>"], "hidden_act": "silu",
+            "initializer_range": 0.02, "qk_layernorm": True, "model_parallel_size": 1, "swin_norm": False,
+            "mlp_bias": False, "mask_image_logits": True, "dropout": 0.0, "z_loss_weight": 0.0,
+            "tie_word_embeddings": False, "torch_dtype": str(dtype).replace("torch.", ""),
+            "transformers_version": "4.46.2", "use_cache": True, "vocabulary_map": lumina2_vocabulary(cfg)}
+
+
+def movqgan_specs(cfg: dict, scale: float) -> list[TensorSpec]:
+    """``movqgan_270M.ckpt``'s decoder side (what the pack reads), float32 as released."""
+    from ..decoders.movqgan import MoVQModel, MoVQSpec
+
+    m = dict(cfg["movqgan"])
+    if scale != 1:
+        m["ch"] = _channels(m["ch"], scale)
+    with torch.device("meta"):
+        model = MoVQModel(MoVQSpec(**m))
+    out = specs_of(model.state_dict())
+    for s in out:
+        s.dtype = torch.float32
+        s.sources = ("movqgan." + s.name,)
+    return out
+
+
+def _write_lumina2(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log):
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    settings = lumina2_config(cfg, scale, dtype)
+    _json(out / "config.json", settings, stats)
+    ids = cfg["ids"]
+    _json(out / "generation_config.json", {"_from_model_config": True, "eos_token_id": ids["<|endoftext|>"],
+                                           "pad_token_id": ids["<|endoftext|>"], "transformers_version": "4.46.2"},
+          stats)
+    vocab = settings["vocabulary_map"]
+    fast_vocab = {k: v for k, v in vocab.items() if not (k.startswith("<") and k.endswith(">"))}
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=_bpe(vocab, [n for n in vocab if n not in fast_vocab]),
+                                   eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    _save_tokenizer(fast, out, stats)
+    movq = out / "movqgan" / "270M" / "movqgan_270M.ckpt"  # where the reference's get_movqgan_model reads it
+    movq.parent.mkdir(parents=True, exist_ok=True)
+    write_torch(movq, {s.name: s for s in movqgan_specs(cfg, scale)}, torch.float32, seed)
+    stats.add(movq)
+    config = ChameleonConfig(**{k: v for k, v in settings.items() if k not in ("architectures", "model_type")})
+    specs = lumina_original_specs(specs_of(meta_state(ChameleonForConditionalGeneration, config)))
+    _record(result, out, specs, dtype, max_bytes, "safetensors")
+    _weights(result, stats, specs, dtype, log,
+             lambda: write_sharded(out, specs, dtype, seed, max_bytes, "safetensors", stats, log))
+
+
 def planned_parameters(family: str, scale: float = 1.0) -> int:
     """Parameters of the family's transformers model (converted layout) at ``scale``, from the meta device:
     nothing is allocated or written."""
@@ -1370,6 +1465,13 @@ def planned_parameters(family: str, scale: float = 1.0) -> int:
 
         state = meta_state(GemmaForCausalLM, liquid_config(cfg, scale))
         state.pop("lm_head.weight")  # tied to the embedding
+    elif family == "lumina-mgpt-2.0":
+        from transformers import ChameleonConfig
+
+        settings = lumina2_config(cfg, scale, torch.bfloat16)
+        config = ChameleonConfig(**{k: v for k, v in settings.items() if k not in ("architectures", "model_type")})
+        state = {k: v for k, v in meta_state(ChameleonForConditionalGeneration, config).items()
+                 if not k.startswith("model.vqmodel.")}  # not in the release
     else:
         spec = vqgan_spec(cfg, scale)
         vocab = chameleon_vocabulary(cfg["text"]["vocab_size"], spec.n_embed, meta=False)
@@ -1487,7 +1589,7 @@ def _expected_model_shapes(folder: pathlib.Path, family: str, layout: str, shape
         mapped = {k: tuple(v.shape) for k, v in chameleon_meta.remap_meta_keys(_meta_tensors(shapes), config).items()}
         want = {k: v for k, v in meta_state(ChameleonForConditionalGeneration, config).items()
                 if not k.startswith("model.vqmodel.")}  # filled from vqgan.ckpt
-    elif family in ("anole-7b", "lumina-mgpt-7b-768"):
+    elif family in ("anole-7b", "lumina-mgpt-7b-768", "lumina-mgpt-2.0"):
         from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
         from ..loaders import chameleon
@@ -1520,7 +1622,7 @@ def table() -> str:
     for name, c in CONFIGS.items():
         t = c["text"]
         inter = t.get("intermediate_size") or meta_ffn(t["hidden_size"], t["ffn_dim_multiplier"], t["multiple_of"])
-        vq = c["vq"]
+        vq = c.get("vq") or c["movqgan"]
         lines.append(f"{name}: {t['num_hidden_layers']} layers, width {t['hidden_size']}, {t['num_attention_heads']} "
                      f"heads / {t['num_key_value_heads']} kv, FFN {inter}, vocab {t['vocab_size']}, "
                      f"VQ codes {vq.get('num_embeddings') or vq.get('n_embed') or vq.get('codebook_size')}, "

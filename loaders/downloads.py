@@ -78,6 +78,8 @@ RELEASES = {r.name: r for r in (
             (Source("Emu3-community/Emu3-Gen-hf", _HF),)),
     Release("Liquid_V1_7B", "liquid", "Liquid 7B (on Gemma-7B), 512 px, with Meta's VQGAN",
             (Source("Junfeng5/Liquid_V1_7B", _HF), _VQGAN)),
+    Release("Lumina-mGPT-2.0", "lumina2", "Lumina-mGPT 2.0 7B, 768 px, with SBER-MoVQGAN 270M",
+            (Source("Alpha-VLLM/Lumina-mGPT-2.0", _HF), Source("ai-forever/MoVQGAN", ("movqgan_270M.ckpt",)))),
     # LANTERN's trained draft heads (jadohu/LANTERN's README: config.json and pytorch_model.bin each)
     Release("LANTERN-drafter-LlamaGen-t2i-XL-256", "drafter",
             "LANTERN's draft head for LlamaGen-XL text-to-image stage I, 256 px (LlamaGen-t2i-XL-256)",

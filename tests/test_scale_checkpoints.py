@@ -112,6 +112,8 @@ def test_full_size_configurations():
     assert 7.0e9 < counts["anole-7b"] == counts["lumina-mgpt-7b-768"] < 7.1e9  # Chameleon-7B (7.01B) + VQ encoder
     assert 8.7e9 < counts["emu3-gen"] < 8.8e9  # Emu3-Gen: the 8.49B LLM and its 0.27B VQ-VAE
     assert 8.56e9 < counts["liquid-7b"] < 8.57e9  # Gemma-7B (8.54B, tied embedding) + 8192 code rows
+    # Chameleon-7B's text model (the sizes assumed, see [A]) over 172032 ids, no VQ-VAE in the release
+    assert 7.88e9 < counts["lumina-mgpt-2.0"] < 7.89e9
 
 
 def test_torch_writer_is_torch_save(tmp_path):
