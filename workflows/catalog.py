@@ -35,6 +35,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                       "Anole-7b-hf/, lantern/anole_drafter/ (jadohu/anole_drafter)"),
     "emu3": ("Emu3 Gen with GSD", "Emu3-Gen-hf/ (transformers folder, VQ-VAE included)"),
     "liquid": ("Liquid 7B with SJD", "Liquid_V1_7B/ (with Meta's VQGAN in chameleon/ or tokenizer/)"),
+    "lumina_mgpt2": ("Lumina mGPT 2.0 with SJD",
+                     "Lumina-mGPT-2.0/ (with movqgan_270M.ckpt in movqgan/270M/ or beside it)"),
 }
 
 
