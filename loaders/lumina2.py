@@ -189,7 +189,10 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
     folder = pathlib.Path(folder)
     config = read_json(folder / "config.json")
     max_positions = int(config.get("max_position_embeddings") or 4096)  # ChameleonConfig's default
-    width, height = width or height or DEFAULT_SIZE, height or width or DEFAULT_SIZE
+    if not width and not height:  # the reference's 768, or the largest square the model's positions hold
+        allowed = allowed_sizes(max_positions)
+        width = height = DEFAULT_SIZE if DEFAULT_SIZE in allowed else allowed[-1]
+    width, height = width or height, height or width
     check_size(width, height, max_positions)  # before the weights are read
     where = find_movqgan(folder, vq)
     if where is None:

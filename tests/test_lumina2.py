@@ -161,6 +161,7 @@ def test_bad_input_and_missing_files_get_one_clear_error_each(model, folder, tmp
         load_model(folder, width=100, height=64)
     with pytest.raises(ValueError, match="768x768 needs 9315 image tokens, more than .* 2048 positions"):
         model.resize(768)
+    assert load_model(folder).info["width"] == 320  # no size given: 768 does not fit the tiny model's positions
     lone = write_lumina2(tmp_path / "lone" / "Lumina", movqgan=False)
     with pytest.raises(CheckpointError, match="needs SBER-MoVQGAN .* movqgan/270M/ or give --vq"):
         load_model(lone, width=64, height=64)
