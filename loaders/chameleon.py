@@ -98,11 +98,10 @@ def flavour_of(config: dict) -> str:
 
 
 def is_lumina2(config: dict) -> bool:
-    """Lumina-mGPT 2.0's fork of the architecture: no ``IMGIMG`` image tokens, a vocabulary reaching past
-    its fixed image ids (``lumina2.py`` loads it)."""
+    """Lumina-mGPT 2.0's fork of the architecture (``lumina2.py`` loads it): a vocabulary reaching past its fixed
+    image ids, where Chameleon's (Lumina-mGPT's, Anole's) has 65536 ids with the image tokens at 4..8195."""
     vocab = config.get("vocab_size")
-    return (config.get("model_type") == "chameleon" and isinstance(vocab, int) and vocab > LUMINA2_IMAGE_BASE
-            and not image_code_map(config.get("vocabulary_map") or {}))
+    return config.get("model_type") == "chameleon" and isinstance(vocab, int) and vocab > LUMINA2_IMAGE_BASE
 
 
 def check_size(flavour: str, width: int, height: int) -> None:

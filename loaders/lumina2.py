@@ -5,23 +5,23 @@ The release is a folder in the authors' fork of transformers' Chameleon (``model
 q/k norms stored one row per model-parallel shard, as Lumina-mGPT's: read by ``chameleon.load_model``) with
 a Qwen2.5-sized tokenizer to which Chameleon's specials were added (``<racm3:break>`` 151665, ``<eoss>``
 151666, ``<reserved08799>`` 151670, the size tokens).  Image token = 155000 + MoVQGAN code (16384 codes:
-155000..171383), ids no vocabulary entry names: that and the missing ``IMGIMG`` names tell it from
-Lumina-mGPT and Anole.  The MoVQGAN is not in the release: the reference reads
+155000..171383), ids no vocabulary entry names: a Chameleon-architecture vocabulary reaching past 155000 tells
+it from Lumina-mGPT and Anole (65536 ids).  The MoVQGAN is not in the release: the reference reads
 ``movqgan/270M/movqgan_270M.ckpt`` (ai-forever/MoVQGAN); it is found there, in the folder, beside it, or given.
 
 Reference generation (Alpha-VLLM/Lumina-mGPT-2.0 @f44a4d7, ``inference_solver.py`` and
-``generate_examples/generate.py``, defaults of ``scripts/sample.sh``): BOS (the tokenizer's EOS when it
-has none) and the turn ``Generate an image of {w}x{h} according to the following prompt:\\n{prompt}`` +
+``generate_examples/generate.py``, defaults of ``scripts/sample.sh``): BOS (the tokenizer's EOS when it has
+none) and the turn ``Generate an image of {w}x{h} according to the following prompt:\\n{prompt}`` +
 ``<reserved08706>`` encoded as one text (where the pad id the reference's ``generate`` takes from the release's
-configuration is the BOS, transformers masks BOS out: so here, :func:`masked_id`); the model then writes ``<racm3:break>`` and the two size tokens
-``<reserved{8800 + side / 32}>`` (height, width), ``H = h / 8`` rows of ``W = w / 8`` codes each closed by
-``<reserved08799>`` (forced) and ``<eoss>`` (forced).  Here ``<racm3:break>`` ends the prompt and the
-size tokens are forced to the requested size (the **departure**, as for Lumina-mGPT: the reference samples
-them).  The unconditional branch is ``<racm3:break>`` and the size tokens only, its own cache rows.
-Guidance ``u + s (c - u)`` on raw logits from the first image token, with the reference's schedule: at
-the ``n``-th token after ``<racm3:break>`` (the size tokens count) ``s = max(4, s (1 - n / (H W / 4)))``,
-carried from token to token; a scale above 4 falls to 4 over the first few dozen tokens, one below 4
-reads as 4, and 1 turns guidance off (:func:`guidance_schedule`).  Defaults: cfg 4, image top-k 4096,
+configuration is the BOS, transformers masks BOS out: so here, :func:`masked_id`); the model then writes
+``<racm3:break>`` and the two size tokens ``<reserved{8800 + side / 32}>`` (height, width), ``H = h / 8`` rows
+of ``W = w / 8`` codes each closed by ``<reserved08799>`` (forced) and ``<eoss>`` (forced). Here
+``<racm3:break>`` ends the prompt and the size tokens are forced to the requested size (the **departure**, as
+for Lumina-mGPT: the reference samples them). The unconditional branch is ``<racm3:break>`` and the size tokens
+only, its own cache rows. Guidance ``u + s (c - u)`` on raw logits from the first image token, with the
+reference's schedule: at the ``n``-th token after ``<racm3:break>`` (the size tokens count) ``s = max(4, s (1 -
+n / (H W / 4)))``, carried from token to token; a scale above 4 falls to 4 over the first few dozen tokens, one
+below 4 reads as 4, and 1 turns guidance off (:func:`guidance_schedule`). Defaults: cfg 4, image top-k 4096,
 temperature 1, 768 px.
 """
 from __future__ import annotations
