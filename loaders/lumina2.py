@@ -95,6 +95,7 @@ class Lumina2Adapter(TransformersAdapter):
         self.image_ids = torch.arange(LUMINA2_IMAGE_BASE, LUMINA2_IMAGE_BASE + codes)
         self.codebook = codebook
         self.bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
         def tid(name):
             return token_id(tokenizer, name)
 
