@@ -49,7 +49,6 @@ import torch
 from ..formats.checkpoints import (CheckpointError, assign_weights, checked_weight_files, empty_model, hf_call, peek,
                                    read_json, read_weights, tokenizer_from_pretrained)
 from ..sampling.adapter import TokenLayout
-from ..sampling.config import shorten
 from .family import Detected, Family, LoadOptions, transformers_config
 from .hf_cache import TransformersAdapter
 from .storage import full_dtype, place
@@ -115,6 +114,8 @@ def check_size(flavour: str, width: int, height: int) -> None:
 
 
 class ChameleonAdapter(TransformersAdapter):
+    no_negative = "Chameleon models (Lumina-mGPT, Anole) have no negative prompt: leave it empty"
+
     def __init__(self, model, tokenizer, spec: ChameleonSpec, codebook: torch.Tensor | None = None):
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
         self.inner, self.head = model.model, model.lm_head
@@ -159,13 +160,6 @@ class ChameleonAdapter(TransformersAdapter):
         self.cache = None
 
     # -- conditions --------------------------------------------------------------------
-    def check_conditions(self, conditions, negatives):
-        if negatives is not None:
-            raise ValueError("Chameleon models (Lumina-mGPT, Anole) have no negative prompt: leave it empty")
-        bad = [c for c in conditions if not isinstance(c, str) or not c.strip()]
-        if bad:
-            raise ValueError(f"prompt must be non-empty text (got {shorten(bad[0])})")
-
     def prompt_ids(self, prompt: str) -> list[int]:
         if self.spec.flavour == "lumina":  # the turn and its end-of-turn encoded as one text, as the reference does
             text = LUMINA_TEMPLATE.format(w=self.spec.width, h=self.spec.height, prompt=prompt) + END_OF_TURN

@@ -20,6 +20,7 @@ import inspect
 import torch
 
 from ..sampling.adapter import ImageAdapter
+from ..sampling.config import shorten
 from .static_cache import (BUCKET, CAPTURED, StaticKV, capacity_for, new_forwards, padded_width, static_forward,
                            weights_signature)
 
@@ -181,6 +182,16 @@ class TransformersAdapter(ImageAdapter):
         return logits
 
     # -- prompts and the cache loop of the text-prompted families -----------------------
+    #: the error for a negative prompt, for a family whose unconditional row is fixed (None: it takes one)
+    no_negative: str | None = None
+
+    def check_conditions(self, conditions, negatives):
+        if negatives is not None and self.no_negative:
+            raise ValueError(self.no_negative)
+        bad = [c for c in conditions if not isinstance(c, str) or not c.strip()]
+        if bad:
+            raise ValueError(f"prompt must be non-empty text (got {shorten(bad[0])})")
+
     def condition_rows(self, conditions, negatives, guided) -> list[list[int]]:
         """The prefill's token rows: the prompts, then (guided) a fixed unconditional row per prompt."""
         rows = [self.prompt_ids(p) for p in conditions]

@@ -28,7 +28,6 @@ import torch
 
 from ..formats.checkpoints import CheckpointError, from_pretrained, read_json, tokenizer_from_pretrained
 from ..sampling.adapter import TokenLayout
-from ..sampling.config import shorten
 from .family import Detected, Family, LoadOptions, transformers_config
 from .hf_cache import TransformersAdapter
 from .storage import full_dtype, place
@@ -58,6 +57,7 @@ def tokenizer_names(folder: pathlib.Path) -> set[str]:
 
 
 class LiquidAdapter(TransformersAdapter):
+    no_negative = "Liquid has no negative prompt (its unconditional row is fixed): leave it empty"
     guidance = "linear"
     sampling_defaults = {"cfg_scale": 7.0, "temperature": 0.99, "top_k": 4096, "top_p": 0.96}
 
@@ -77,13 +77,6 @@ class LiquidAdapter(TransformersAdapter):
         rows, cols = grid
         self.layout = TokenLayout.raster(rows, cols, self.vocab_size, self.image_ids, {}, cols, rows * cols)
         self.cache = None
-
-    def check_conditions(self, conditions, negatives):
-        if negatives is not None:
-            raise ValueError("Liquid has no negative prompt (its unconditional row is fixed): leave it empty")
-        bad = [c for c in conditions if not isinstance(c, str) or not c.strip()]
-        if bad:
-            raise ValueError(f"prompt must be non-empty text (got {shorten(bad[0])})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
         return self.tokenizer(prompt + SUFFIX).input_ids

@@ -32,7 +32,6 @@ import torch
 
 from ..formats.checkpoints import CheckpointError, read_json, tokenizer_from_pretrained
 from ..sampling.adapter import TokenLayout
-from ..sampling.config import shorten
 from .chameleon import (END_OF_TURN, IMAGE_END, IMAGE_START, LUMINA_EOL, LUMINA_TEMPLATE, LUMINA2_IMAGE_BASE,
                         SIZE_UNIT, is_lumina2, size_token)
 from .family import Detected, Family, LoadOptions, transformers_config
@@ -79,6 +78,8 @@ def token_id(tokenizer, name: str) -> int:
 
 
 class Lumina2Adapter(TransformersAdapter):
+    no_negative = ("Lumina-mGPT 2.0 has no negative prompt (its unconditional row is fixed): "
+                   "leave it empty")
     guidance = "linear"
     sampling_defaults = {"cfg_scale": 4.0, "top_k": 4096, "temperature": 1.0}
 
@@ -108,13 +109,6 @@ class Lumina2Adapter(TransformersAdapter):
         forced[length - 1] = self.end
         self.layout = TokenLayout.raster(rows, cols, self.vocab_size, self.image_ids, forced, stride, length)
         self.cache = None
-
-    def check_conditions(self, conditions, negatives):
-        if negatives is not None:
-            raise ValueError("Lumina-mGPT 2.0 has no negative prompt (its unconditional row is fixed): leave it empty")
-        bad = [c for c in conditions if not isinstance(c, str) or not c.strip()]
-        if bad:
-            raise ValueError(f"prompt must be non-empty text (got {shorten(bad[0])})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
         text = LUMINA_TEMPLATE.format(w=self.width, h=self.height, prompt=prompt) + END_OF_TURN

@@ -106,15 +106,10 @@ def random_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_liquid(folder: pathlib.Path, seed: int = 0, codes: int = CODES, vqgan: bool = True, **sizes) -> pathlib.Path:
+def write_two_shards(folder: pathlib.Path, sd: dict[str, torch.Tensor]) -> None:
+    """``sd`` as a release saves it: two safetensors shards (names in order) and their index."""
     from safetensors.torch import save_file
 
-    from .chameleon_files import write_tiny_vqgan
-
-    folder.mkdir(parents=True, exist_ok=True)
-    text_ids = write_tokenizer(folder)
-    cfg = config(text_ids, codes, **sizes)
-    sd = random_weights(cfg, seed)
     names = sorted(sd)
     halves = [names[: len(names) // 2], names[len(names) // 2:]]
     weight_map = {}
@@ -125,6 +120,16 @@ def write_liquid(folder: pathlib.Path, seed: int = 0, codes: int = CODES, vqgan:
     total = sum(t.numel() * t.element_size() for t in sd.values())
     (folder / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def write_liquid(folder: pathlib.Path, seed: int = 0, codes: int = CODES, vqgan: bool = True, **sizes) -> pathlib.Path:
+    from .chameleon_files import write_tiny_vqgan
+
+    folder.mkdir(parents=True, exist_ok=True)
+    text_ids = write_tokenizer(folder)
+    cfg = config(text_ids, codes, **sizes)
+    sd = random_weights(cfg, seed)
+    write_two_shards(folder, sd)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     (folder / "generation_config.json").write_text(json.dumps({
         "_from_model_config": True, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "do_sample": True,

@@ -106,24 +106,14 @@ def random_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def write_lumina2(folder: pathlib.Path, seed: int = 0, movqgan: bool = True, **sizes) -> pathlib.Path:
-    from safetensors.torch import save_file
-
+    from .liquid_files import write_two_shards
     from .movqgan_files import SPEC, write_movqgan
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(folder)
     cfg = config(vocab, **sizes)
     sd = random_weights(cfg, seed)
-    names = sorted(sd)
-    halves = [names[: len(names) // 2], names[len(names) // 2:]]
-    weight_map = {}
-    for i, part in enumerate(halves):
-        file = f"model-{i + 1:05d}-of-{len(halves):05d}.safetensors"
-        save_file({n: sd[n].contiguous() for n in part}, str(folder / file), metadata={"format": "pt"})
-        weight_map.update({n: file for n in part})
-    total = sum(t.numel() * t.element_size() for t in sd.values())
-    (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    write_two_shards(folder, sd)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     (folder / "generation_config.json").write_text(json.dumps({
         "_from_model_config": True, "eos_token_id": 151643, "pad_token_id": 151643, "transformers_version": "4.46.2"}))
