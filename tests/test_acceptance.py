@@ -106,3 +106,40 @@ def test_neighbour_table_is_nearest_first_without_self():
     assert torch.equal(table, want)
     assert geo.neighbours(17).dtype == torch.int16
     assert geo.nbytes() == 300 * 17 * 2
+
+
+def test_a_grid_codebook_has_its_neighbours_read_off_the_grid():
+    """Finite scalar quantization (Cosmos): every point of evenly spaced levels once.  The grid path gives the
+    brute-force distances in order, and a scattered codebook still takes the brute-force path."""
+    from spec_ar.sampling.neighbours import grid_neighbours
+
+    levels = torch.tensor([4, 3, 5])
+    basis = torch.tensor([1, 4, 12])
+    index = torch.arange(60)
+    codes = ((index[:, None] // basis) % levels - levels // 2) / (levels // 2)
+    perm = torch.randperm(60, generator=torch.Generator().manual_seed(0))  # rows in any order
+    vectors = codes[perm].float()
+    d = torch.cdist(vectors, vectors) ** 2
+    d.fill_diagonal_(float("inf"))
+    order = torch.from_numpy(grid_neighbours(vectors.numpy(), 9))
+    got = d.gather(1, order)
+    torch.testing.assert_close(got, d.sort(1).values[:, :9])  # the nearest, nearest first
+    assert not (order == torch.arange(60)[:, None]).any()
+    geo = TokenGeometry(torch.arange(100, 160), vectors, 160, torch.device("cpu"))
+    assert torch.equal(geo.neighbours(9).long(), order + 100)  # as token ids
+    assert grid_neighbours(torch.randn(60, 3).numpy(), 9) is None
+    assert grid_neighbours(vectors[:-1].numpy(), 9) is None  # a point missing: not a grid
+
+
+def test_a_new_decoder_of_the_same_codebook_reuses_its_neighbour_table(monkeypatch):
+    from spec_ar.sampling import neighbours
+
+    monkeypatch.setattr(neighbours, "_LAST", {})  # this test's tables only
+    vectors = torch.randn(50, 4, generator=torch.Generator().manual_seed(3))
+    first = TokenGeometry(torch.arange(50), vectors, 50, torch.device("cpu")).neighbours(5)
+    builds = []
+    monkeypatch.setattr(TokenGeometry, "_build", lambda self, k: builds.append(k))
+    again = TokenGeometry(torch.arange(50), vectors.clone(), 50, torch.device("cpu")).neighbours(5)
+    assert again is first and builds == []
+    TokenGeometry(torch.arange(50), vectors + 1, 50, torch.device("cpu")).neighbours(5)  # another codebook
+    assert builds == [5]
