@@ -48,6 +48,7 @@ class Release:
 _HF = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken")  # a transformers folder
 _HEAD = ("config.json", "pytorch_model.bin")  # a LANTERN draft head
 _VQGAN = Source("GAIR/Anole-7b-v0.1", ("tokenizer/vqgan.yaml", "tokenizer/vqgan.ckpt"))  # Meta's VQGAN
+_COSMOS = Source("nvidia/Cosmos-1.0-Tokenizer-DV8x16x16", ("decoder.jit",))  # SimpleAR's image tokenizer
 
 RELEASES = {r.name: r for r in (
     Release("LlamaGen-c2i-B-256", "llamagen", "LlamaGen-B class-conditional, 256 px, with its VQ tokenizer",
@@ -80,6 +81,10 @@ RELEASES = {r.name: r for r in (
             (Source("Junfeng5/Liquid_V1_7B", _HF), _VQGAN)),
     Release("Lumina-mGPT-2.0", "lumina2", "Lumina-mGPT 2.0 7B, 768 px, with SBER-MoVQGAN 270M",
             (Source("Alpha-VLLM/Lumina-mGPT-2.0", _HF), Source("ai-forever/MoVQGAN", ("movqgan_270M.ckpt",)))),
+    Release("SimpleAR-0.5B-RL", "simplear", "SimpleAR 0.5B (on Qwen2.5, RL-tuned), 1024 px, with NVIDIA's Cosmos "
+            "DV8x16x16 tokenizer", (Source("Daniel0724/SimpleAR-0.5B-RL", _HF), _COSMOS)),
+    Release("SimpleAR-1.5B-RL", "simplear", "SimpleAR 1.5B (on Qwen2.5, RL-tuned), 1024 px, with NVIDIA's Cosmos "
+            "DV8x16x16 tokenizer", (Source("Daniel0724/SimpleAR-1.5B-RL", _HF), _COSMOS)),
     # LANTERN's trained draft heads (jadohu/LANTERN's README: config.json and pytorch_model.bin each)
     Release("LANTERN-drafter-LlamaGen-t2i-XL-256", "drafter",
             "LANTERN's draft head for LlamaGen-XL text-to-image stage I, 256 px (LlamaGen-t2i-XL-256)",
@@ -192,7 +197,7 @@ def verify(release: Release, folder: pathlib.Path) -> None:
         try:
             if name.endswith(".safetensors"):
                 peek(path)
-            elif name.endswith((".pt", ".pth", ".ckpt", ".bin")) and not zipfile.is_zipfile(path):
+            elif name.endswith((".pt", ".pth", ".ckpt", ".bin", ".jit")) and not zipfile.is_zipfile(path):
                 raise ValueError("not a whole torch archive")
         except Exception as err:
             path.unlink(missing_ok=True)  # fetched again on the next run

@@ -65,3 +65,23 @@ def test_render_lumina2_in_every_mode_with_its_reference_defaults(lumina2_folder
     assert (tmp_path / "out" / f"{mode}_0.png").is_file()
     settings = report["reports"][0]["settings"]  # the reference's sampling, unless the user sets otherwise
     assert (settings["cfg_scale"], settings["top_k"], settings["temperature"]) == (4.0, 4096, 1.0)
+
+
+@pytest.fixture(scope="module")
+def simplear_folder(tmp_path_factory):
+    from .simplear_files import write_simplear
+
+    return write_simplear(tmp_path_factory.mktemp("simplear") / "SimpleAR-0.5B-RL")
+
+
+@pytest.mark.parametrize("mode", ["ar", "sjd", "gsd", "lantern", "vvs"])
+def test_render_simplear_in_every_mode_with_its_reference_defaults(simplear_folder, tmp_path, mode):
+    extra = ["--lantern-k", "16"] if mode in ("lantern", "vvs") else []
+    assert main(["render", "--model", str(simplear_folder), "--prompt", "a red fox", "--mode", mode, *extra,
+                 "--width", "96", "--height", "64", "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / f"{mode}_0.json").read_text())
+    assert report["family"] == "simplear" and report["reports"][0]["tokens"] == 4 * 6
+    assert (tmp_path / "out" / f"{mode}_0.png").is_file()
+    settings = report["reports"][0]["settings"]  # the reference's sampling, unless the user sets otherwise
+    assert (settings["cfg_scale"], settings["top_k"], settings["top_p"], settings["temperature"]) == (6.0, 64000, 1.0,
+                                                                                                    1.0)
