@@ -16,6 +16,7 @@ from .chameleon_files import write_chameleon, write_lumina
 from .emu3_files import write_emu3
 from .liquid_files import write_liquid
 from .lumina2_files import write_lumina2
+from .simplear_files import write_simplear
 from spec_ar.workflows.catalog import CATALOG, title
 
 from .comfyui_server import ComfyServer, error_of, locate, ui_to_api
@@ -43,6 +44,7 @@ def _family_weights(models: pathlib.Path) -> None:
     write_emu3(models / "Emu3-Gen-hf")
     write_liquid(models / "Liquid_V1_7B")  # Meta's VQGAN in its chameleon/, where Liquid's script reads it
     write_lumina2(models / "Lumina-mGPT-2.0")  # the MoVQGAN in its movqgan/270M/, where its script reads it
+    write_simplear(models / "SimpleAR-1.5B-RL")  # the Cosmos tokenizer's folder beside it, where its script reads it
     # LANTERN's drafters as released, for the drafter workflows, and the target stage I pairs with
     ck.write_gpt(models / "llamagen" / "t2i_XL_stage1_256.pt", ck.random_gpt(ck.tiny_gpt_spec("t2i", cond_tokens=120)))
     ck.write_lantern_head(models / "lantern" / "llamagen_drafter", hidden=128, heads=2, vocab=1024)
@@ -285,11 +287,11 @@ def test_the_embedded_model_drafts_with_its_head_from_the_node(server):
 
 
 @pytest.mark.parametrize("name", ["llamagen_c2i", "llamagen_t2i", "janus_pro", "lumina_mgpt", "anole", "emu3",
-                                  "liquid", "lumina_mgpt2", "llamagen_t2i_drafter", "anole_drafter"])
+                                  "liquid", "lumina_mgpt2", "simplear", "llamagen_t2i_drafter", "anole_drafter"])
 def test_family_workflows_run_once_weights_are_in_the_model_folder(server, name):
     workflow = _api(name)
     sampler = next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")
-    if name in ("lumina_mgpt", "emu3", "lumina_mgpt2"):  # the tiny test models at a smaller size than the reference's
+    if name in ("lumina_mgpt", "emu3", "lumina_mgpt2", "simplear"):  # the tiny models smaller than the reference's
         sampler["inputs"]["resolution"] = "256"
     if name.startswith("anole"):  # the paper's k = 1000 needs the real 8192-code VQGAN; the tiny one has 64 codes
         sampler["inputs"]["k"] = 32

@@ -114,6 +114,8 @@ def graphs() -> dict[str, tuple[dict, list]]:
         "liquid": _t2i({"model": "Liquid_V1_7B"}, "sjd", "a lighthouse on a rocky coast at dawn, oil painting"),
         "lumina_mgpt2": _t2i({"model": "Lumina-mGPT-2.0"}, "sjd",
                              "a hummingbird hovering over a red hibiscus flower, macro photograph", window=16),
+        "simplear": _t2i({"model": "SimpleAR-1.5B-RL"}, "sjd",
+                         "a cozy wooden cabin by a frozen lake under the northern lights", window=16),
         "emu3": _t2i({"model": "Emu3-Gen-hf"}, "gsd", "a bowl of ramen with a soft-boiled egg, studio lighting",
                      negative_prompt="lowres, blurry, text, watermark", G=10),
     }

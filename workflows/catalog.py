@@ -37,6 +37,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "liquid": ("Liquid 7B with SJD", "Liquid_V1_7B/ (with Meta's VQGAN in chameleon/ or tokenizer/)"),
     "lumina_mgpt2": ("Lumina mGPT 2.0 with SJD",
                      "Lumina-mGPT-2.0/ (with movqgan_270M.ckpt in movqgan/270M/ or beside it)"),
+    "simplear": ("SimpleAR 1.5B with SJD",
+                 "SimpleAR-1.5B-RL/, Cosmos-1.0-Tokenizer-DV8x16x16/ beside it (its decoder.jit)"),
 }
 
 
