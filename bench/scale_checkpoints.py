@@ -24,7 +24,11 @@ Families (``--layout``, the first one the default: the layout the main release s
 * ``lumina-mgpt-2.0``: ``original`` (Alpha-VLLM/Lumina-mGPT-2.0 as the authors' fork saves it:
   ``ChameleonXLLMX`` config with the fork's fields, q/k norms ``[model_parallel_size, head_dim]``, no VQ-VAE, a
   Qwen2.5-sized tokenizer with Chameleon's specials, image ids 155000 + code named by no entry; its text
-  model's sizes assumed, see [A]), with SBER-MoVQGAN 270M's decoder in ``movqgan/270M/movqgan_270M.ckpt``.
+  model's sizes assumed, see [A]), with SBER-MoVQGAN 270M's decoder in ``movqgan/270M/movqgan_270M.ckpt``;
+* ``simplear-1.5b``: ``original`` (Daniel0724/SimpleAR-1.5B-RL: ``SimpARForCausalLM`` / ``model_type: qwen2``,
+  Qwen2.5-1.5B's vocabulary grown by SimpleAR's 7 specials and the 64,000 codes, tied embeddings, a Qwen2.5-sized
+  byte-level tokenizer), with NVIDIA's Cosmos DV8x16x16 ``decoder.jit`` (TorchScript, the release's size) in the
+  folder, where ``spec-ar download`` puts it.
 
 Tensor names and shapes come from the transformers model built on the meta device from the configuration
 (:data:`CONFIGS`), mapped to the original names where a layout needs them; nothing is allocated for them.
@@ -97,6 +101,9 @@ import torch
 #       training builds the model from a config_new.json it does not ship): the text model is taken as Chameleon-7B
 #       (the architecture the authors forked, "7B" in their report), its vocabulary the smallest multiple of 1024
 #       past the last image id (172032), 10240 positions (its generate() allows 10240 new tokens).
+#  [S]  SimpleAR's code (wdrink/SimpleAR @d56b6e5): the tokenizer grows by 7 specials (<|t2i|> ... <|sov|>) after
+#       Qwen2.5's 151665 ids and the embedding by len(tokenizer) + 64000 (train.py); NVIDIA's DV config
+#       (Cosmos-Tokenizer networks/configs.py ``discrete_video``, bench/cosmos_archive.DV).
 CONFIGS = {
     "janus-pro-7b": {
         "release": "deepseek-ai/Janus-Pro-7B (original), deepseek-community/Janus-Pro-7B (converted)",
@@ -183,11 +190,25 @@ CONFIGS = {
         "shard_gb": {"original": 5.0},
     },
 }
+CONFIGS["simplear-1.5b"] = {
+    "release": "Daniel0724/SimpleAR-1.5B-RL (Qwen2.5-1.5B + 64000 image codes) + nvidia/Cosmos-1.0-Tokenizer-DV8x16x16",
+    "layouts": ("original",),
+    "text": dict(vocab_size=151672 + 64000, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,  # [S], [R]
+                 num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=131072,  # [R] Qwen2.5-1.5B
+                 rms_norm_eps=1e-6, rope_theta=1000000.0),  # [R]
+    "text_ids": 151672,  # [S]
+    "cosmos": {"n_embed": 64000},  # the decoder: bench/cosmos_archive.DV [S]
+    "image_tokens": 4096,  # 64 x 64 at 1024 px [S]
+    "ids": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,  # [R]
+            "<|t2i|>": 151665, "<|i2t|>": 151666, "<|soi|>": 151667, "<|vtokens|>": 151668,  # [S]
+            "<|t2v|>": 151669, "<|v2t|>": 151670, "<|sov|>": 151671},  # [S]
+    "shard_gb": {"original": 5.0},
+}
 ALIASES = {"janus": "janus-pro-7b", "janus-pro": "janus-pro-7b", "lumina": "lumina-mgpt-7b-768",
            "lumina-mgpt": "lumina-mgpt-7b-768", "anole": "anole-7b", "emu3": "emu3-gen", "emu3-gen-8b": "emu3-gen",
-           "liquid": "liquid-7b", "lumina2": "lumina-mgpt-2.0"}
+           "liquid": "liquid-7b", "lumina2": "lumina-mgpt-2.0", "simplear": "simplear-1.5b"}
 FAMILY_OF = {"janus-pro-7b": "janus", "lumina-mgpt-7b-768": "lumina", "anole-7b": "anole", "emu3-gen": "emu3",
-             "liquid-7b": "liquid", "lumina-mgpt-2.0": "lumina2"}
+             "liquid-7b": "liquid", "lumina-mgpt-2.0": "lumina2", "simplear-1.5b": "simplear"}
 
 CHUNK = 1 << 23  # elements drawn (and written) at a time: 16 MB of bfloat16
 STD = 0.02
@@ -1116,7 +1137,8 @@ def write(family: str, out, layout: str | None = None, dtype: torch.dtype = torc
     stats = Stats()
     start = time.perf_counter()
     fn = {"janus-pro-7b": _write_janus, "lumina-mgpt-7b-768": _write_chameleon, "anole-7b": _write_chameleon,
-          "emu3-gen": _write_emu3, "liquid-7b": _write_liquid, "lumina-mgpt-2.0": _write_lumina2}[family]
+          "emu3-gen": _write_emu3, "liquid-7b": _write_liquid, "lumina-mgpt-2.0": _write_lumina2,
+          "simplear-1.5b": _write_simplear}[family]
     token = _HOLES.set(holes)
     try:
         fn(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log)
@@ -1447,6 +1469,44 @@ def _write_lumina2(family, cfg, layout, out, dtype, scale, seed, max_bytes, stat
              lambda: write_sharded(out, specs, dtype, seed, max_bytes, "safetensors", stats, log))
 
 
+def simplear_config(cfg: dict, scale: float):
+    from transformers import Qwen2Config
+
+    text = scaled_text(cfg["text"], scale)
+    text["vocab_size"] = cfg["text_ids"] + cfg["cosmos"]["n_embed"]  # the scaled model keeps the real vocabulary
+    eos = cfg["ids"]["<|endoftext|>"]
+    config = Qwen2Config(**text, bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=True,
+                         use_sliding_window=False, sliding_window=text["max_position_embeddings"])
+    config.architectures = ["SimpARForCausalLM"]
+    return config
+
+
+def _write_simplear(family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log):
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+    from .cosmos_archive import DV, write_archive
+
+    config = simplear_config(cfg, scale)
+    specs = [s for s in specs_of(meta_state(Qwen2ForCausalLM, config)) if s.name != "lm_head.weight"]  # tied
+    ids = cfg["ids"]
+    vocab = fill_ids({**text_vocabulary(ids["<|endoftext|>"]), **ids}, cfg["text_ids"], "<|reserved_{}|>")
+    added = [n for n, i in vocab.items() if i >= ids["<|endoftext|>"]]
+    fast = PreTrainedTokenizerFast(tokenizer_object=_bpe(vocab, added), eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>",
+                                   additional_special_tokens=[n for n in ids if n != "<|endoftext|>"])
+    _save_tokenizer(fast, out, stats)
+    write_config(out, config, dtype, stats)
+    _json(out / "generation_config.json", {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|endoftext|>"]},
+          stats)
+    cosmos = dict(DV)
+    if scale != 1:
+        cosmos["channels"] = _channels(cosmos["channels"], scale)
+    stats.add(write_archive(out, cosmos, seed, torch.float32))  # where `spec-ar download` puts it
+    _record(result, out, specs, dtype, max_bytes, "safetensors")
+    _weights(result, stats, specs, dtype, log,
+             lambda: write_sharded(out, specs, dtype, seed, max_bytes, "safetensors", stats, log))
+
+
 def planned_parameters(family: str, scale: float = 1.0) -> int:
     """Parameters of the family's transformers model (converted layout) at ``scale``, from the meta device:
     nothing is allocated or written."""
@@ -1464,6 +1524,11 @@ def planned_parameters(family: str, scale: float = 1.0) -> int:
         from transformers import GemmaForCausalLM
 
         state = meta_state(GemmaForCausalLM, liquid_config(cfg, scale))
+        state.pop("lm_head.weight")  # tied to the embedding
+    elif family == "simplear-1.5b":
+        from transformers import Qwen2ForCausalLM
+
+        state = meta_state(Qwen2ForCausalLM, simplear_config(cfg, scale))
         state.pop("lm_head.weight")  # tied to the embedding
     elif family == "lumina-mgpt-2.0":
         from transformers import ChameleonConfig
@@ -1606,6 +1671,12 @@ def _expected_model_shapes(folder: pathlib.Path, family: str, layout: str, shape
         mapped = shapes
         want = meta_state(GemmaForCausalLM, GemmaConfig.from_pretrained(str(folder)))
         want.pop("lm_head.weight")  # tied: not in the files
+    elif family == "simplear-1.5b":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        mapped = shapes
+        want = meta_state(Qwen2ForCausalLM, Qwen2Config.from_pretrained(str(folder)))
+        want.pop("lm_head.weight")  # tied: not in the files
     else:
         from transformers import Emu3Config, Emu3ForConditionalGeneration
 
@@ -1622,7 +1693,7 @@ def table() -> str:
     for name, c in CONFIGS.items():
         t = c["text"]
         inter = t.get("intermediate_size") or meta_ffn(t["hidden_size"], t["ffn_dim_multiplier"], t["multiple_of"])
-        vq = c.get("vq") or c["movqgan"]
+        vq = c.get("vq") or c.get("movqgan") or c["cosmos"]
         lines.append(f"{name}: {t['num_hidden_layers']} layers, width {t['hidden_size']}, {t['num_attention_heads']} "
                      f"heads / {t['num_key_value_heads']} kv, FFN {inter}, vocab {t['vocab_size']}, "
                      f"VQ codes {vq.get('num_embeddings') or vq.get('n_embed') or vq.get('codebook_size')}, "

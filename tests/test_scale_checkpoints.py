@@ -114,6 +114,8 @@ def test_full_size_configurations():
     assert 8.56e9 < counts["liquid-7b"] < 8.57e9  # Gemma-7B (8.54B, tied embedding) + 8192 code rows
     # Chameleon-7B's text model (the sizes assumed, see [A]) over 172032 ids, no VQ-VAE in the release
     assert 7.88e9 < counts["lumina-mgpt-2.0"] < 7.89e9
+    # Qwen2.5-1.5B's 1.31B parameters outside its embedding (as Qwen reports them) + 215672 tied embedding rows
+    assert 1.64e9 < counts["simplear-1.5b"] < 1.645e9
 
 
 def test_torch_writer_is_torch_save(tmp_path):
