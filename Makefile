@@ -23,8 +23,9 @@ COMFY_REQS := torch torchvision torchsde "numpy>=1.25" einops "transformers>=4.5
 demo: $(STAMP)
 	$(BIN)/spec-ar demo --out out/demo
 
+# two workers, a file's tests on one (tests/conftest.py: one thread each, the longest files first)
 test: $(STAMP) comfyui
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 comfyui: $(COMFY)/ComfyUI/main.py $(COMFY)/venv/.installed $(COMFY)/venv/.frontend \
 	$(COMFY)/frontends/$(FRONTEND_NEWEST)/.installed $(COMFY)/cli/.installed
