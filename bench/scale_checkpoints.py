@@ -189,20 +189,22 @@ CONFIGS = {
                 "<boi>": 7, "<eoi>": 8, "<unconditional>": 9},  # [N]
         "shard_gb": {"original": 5.0},
     },
-}
-CONFIGS["simplear-1.5b"] = {
-    "release": "Daniel0724/SimpleAR-1.5B-RL (Qwen2.5-1.5B + 64000 image codes) + nvidia/Cosmos-1.0-Tokenizer-DV8x16x16",
-    "layouts": ("original",),
-    "text": dict(vocab_size=151672 + 64000, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,  # [S], [R]
-                 num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=131072,  # [R] Qwen2.5-1.5B
-                 rms_norm_eps=1e-6, rope_theta=1000000.0),  # [R]
-    "text_ids": 151672,  # [S]
-    "cosmos": {"n_embed": 64000},  # the decoder: bench/cosmos_archive.DV [S]
-    "image_tokens": 4096,  # 64 x 64 at 1024 px [S]
-    "ids": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,  # [R]
-            "<|t2i|>": 151665, "<|i2t|>": 151666, "<|soi|>": 151667, "<|vtokens|>": 151668,  # [S]
-            "<|t2v|>": 151669, "<|v2t|>": 151670, "<|sov|>": 151671},  # [S]
-    "shard_gb": {"original": 5.0},
+    "simplear-1.5b": {
+        "release": ("Daniel0724/SimpleAR-1.5B-RL (Qwen2.5-1.5B + 64000 image codes) + "
+                    "nvidia/Cosmos-1.0-Tokenizer-DV8x16x16"),
+        "layouts": ("original",),
+        "text": dict(vocab_size=151672 + 64000, hidden_size=1536, intermediate_size=8960,  # [S], [R]
+                     num_hidden_layers=28,  # [R]
+                     num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=131072,  # [R] Qwen2.5-1.5B
+                     rms_norm_eps=1e-6, rope_theta=1000000.0),  # [R]
+        "text_ids": 151672,  # [S]
+        "cosmos": {"n_embed": 64000},  # the decoder: bench/cosmos_archive.DV [S]
+        "image_tokens": 4096,  # 64 x 64 at 1024 px [S]
+        "ids": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,  # [R]
+                "<|t2i|>": 151665, "<|i2t|>": 151666, "<|soi|>": 151667, "<|vtokens|>": 151668,  # [S]
+                "<|t2v|>": 151669, "<|v2t|>": 151670, "<|sov|>": 151671},  # [S]
+        "shard_gb": {"original": 5.0},
+    },
 }
 ALIASES = {"janus": "janus-pro-7b", "janus-pro": "janus-pro-7b", "lumina": "lumina-mgpt-7b-768",
            "lumina-mgpt": "lumina-mgpt-7b-768", "anole": "anole-7b", "emu3": "emu3-gen", "emu3-gen-8b": "emu3-gen",
@@ -1507,6 +1509,24 @@ def _write_simplear(family, cfg, layout, out, dtype, scale, seed, max_bytes, sta
              lambda: write_sharded(out, specs, dtype, seed, max_bytes, "safetensors", stats, log))
 
 
+#: families whose release is a plain transformers causal LM with its output layer tied to the embedding
+TIED_CAUSAL_LMS = {"liquid-7b": ("GemmaConfig", "GemmaForCausalLM"),
+                   "simplear-1.5b": ("Qwen2Config", "Qwen2ForCausalLM")}
+
+
+def tied_causal_lm_state(family: str, config) -> dict:
+    """Meta tensors of a :data:`TIED_CAUSAL_LMS` model (``config``: a config object, or a folder to read it
+    from), without ``lm_head.weight``: tied, it is not in the files."""
+    import transformers
+
+    config_class, model_class = (getattr(transformers, name) for name in TIED_CAUSAL_LMS[family])
+    if isinstance(config, (str, pathlib.Path)):
+        config = config_class.from_pretrained(str(config))
+    state = meta_state(model_class, config)
+    state.pop("lm_head.weight")
+    return state
+
+
 def planned_parameters(family: str, scale: float = 1.0) -> int:
     """Parameters of the family's transformers model (converted layout) at ``scale``, from the meta device:
     nothing is allocated or written."""
@@ -1520,16 +1540,9 @@ def planned_parameters(family: str, scale: float = 1.0) -> int:
     elif family == "emu3-gen":
         vocab = emu3_vocabulary(cfg, cfg["text"]["vocab_size"], cfg["vq"]["codebook_size"])
         state = meta_state(Emu3ForConditionalGeneration, emu3_config(cfg, scale, vocab))
-    elif family == "liquid-7b":
-        from transformers import GemmaForCausalLM
-
-        state = meta_state(GemmaForCausalLM, liquid_config(cfg, scale))
-        state.pop("lm_head.weight")  # tied to the embedding
-    elif family == "simplear-1.5b":
-        from transformers import Qwen2ForCausalLM
-
-        state = meta_state(Qwen2ForCausalLM, simplear_config(cfg, scale))
-        state.pop("lm_head.weight")  # tied to the embedding
+    elif family in TIED_CAUSAL_LMS:
+        state = tied_causal_lm_state(family, {"liquid-7b": liquid_config, "simplear-1.5b": simplear_config}[family](
+            cfg, scale))
     elif family == "lumina-mgpt-2.0":
         from transformers import ChameleonConfig
 
@@ -1665,18 +1678,9 @@ def _expected_model_shapes(folder: pathlib.Path, family: str, layout: str, shape
         want = meta_state(ChameleonForConditionalGeneration, config)
         if layout == "original":  # Lumina's save has no VQ encoder (transformers initialises it)
             want = {k: v for k, v in want.items() if not k.startswith("model.vqmodel.")}
-    elif family == "liquid-7b":
-        from transformers import GemmaConfig, GemmaForCausalLM
-
+    elif family in TIED_CAUSAL_LMS:
         mapped = shapes
-        want = meta_state(GemmaForCausalLM, GemmaConfig.from_pretrained(str(folder)))
-        want.pop("lm_head.weight")  # tied: not in the files
-    elif family == "simplear-1.5b":
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        mapped = shapes
-        want = meta_state(Qwen2ForCausalLM, Qwen2Config.from_pretrained(str(folder)))
-        want.pop("lm_head.weight")  # tied: not in the files
+        want = tied_causal_lm_state(family, folder)
     else:
         from transformers import Emu3Config, Emu3ForConditionalGeneration
 

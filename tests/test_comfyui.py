@@ -4,6 +4,7 @@ prompt-list batches, bad input, interruption, and the queue client.
 One server for the module (start-up takes seconds); the spec_ar model folder
 holds tiny random-weight checkpoints under the names the family workflows use.
 """
+import copy
 import json
 import pathlib
 import time
@@ -310,7 +311,7 @@ def test_the_new_families_render_in_every_mode(server, name):
         sampler["inputs"]["resolution"] = "256"
     sampler["inputs"]["mode"] = "ar"
     for mode in ("gsd", "lantern", "vvs"):
-        other = json.loads(json.dumps(sampler))
+        other = copy.deepcopy(sampler)
         other["inputs"]["mode"] = mode
         if mode in ("lantern", "vvs"):  # the tiny VQ codebooks are small
             other["inputs"]["k"] = 16

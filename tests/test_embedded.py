@@ -15,8 +15,8 @@ from spec_ar.loaders import embedded
 from spec_ar.loaders.detect import detect
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 
-TINY = Recipe(images=48, vq_steps=2, vq_decoder_steps=2, vq_batch=4, gpt_steps=2, gpt_batch=4, dim=64, layers=1, text_dim=32,
-              text_layers=1, judge_images=64, judge_epochs=1)
+TINY = Recipe(images=48, vq_steps=2, vq_decoder_steps=2, vq_batch=4, gpt_steps=2, gpt_batch=4, dim=64, layers=1,
+              text_dim=32, text_layers=1, judge_images=64, judge_epochs=1)
 
 
 @pytest.fixture(scope="module")
