@@ -18,6 +18,8 @@ embedded model's images per mode.
    stored weights of every layer the forward runs, found by hooks, plus the live KV cache) over
    the measured bandwidth.  Quantized ``--dtypes`` are made from the bfloat16 model on the device
    (their weights as stored, their peak while decoding, and their logits against bfloat16's).
+   ``--vocabulary compact`` (the default, as the engine decodes: ``sampling/compact.py``) scores
+   the ids a stream can hold, so the head reads its image rows only; ``full`` every id.
 3. **The embedded model**: milliseconds per image for each mode at its defaults (the window on
    auto: the width it chose is printed) and ``--batches`` size (median of ``--images`` batches
    after a warm-up one), tokens per forward.
@@ -200,7 +202,11 @@ def read_per_forward(adapter, modules: dict, tokens: torch.Tensor) -> int:
     finally:
         for h in hooks:
             h.remove()
-    return sum(stored_bytes(m) for m in ran if not isinstance(m, nn.Embedding))
+    read = sum(stored_bytes(m) for m in ran if not isinstance(m, nn.Embedding))
+    rows = getattr(adapter, "head_rows", None)  # a compact vocabulary's head: a slice of its weight, not its forward
+    if rows is not None:
+        read += stored_bytes(adapter.head) * (rows[1] - rows[0]) // adapter.head.out_features
+    return read
 
 
 def tree_parents(n: int, branching: int = 3) -> torch.Tensor:
@@ -219,7 +225,9 @@ def forwards(model, args, reference: dict | None, count: int | None = None) -> d
 
 
 def _forwards(model, args, reference: dict | None, count: int | None = None) -> dict:
-    ad = model.adapter
+    from ..sampling.compact import compact
+
+    ad = compact(model.adapter) if args.vocabulary == "compact" else model.adapter
     device = ad.device
     clock = Clock(device)
     g = torch.Generator().manual_seed(0)
@@ -345,7 +353,9 @@ def report(results: dict) -> str:
     from ..sampling.memory import gb
 
     bw = results["bandwidth"]
-    lines = [f"# GPU bench on {results['device_name']} (torch {results['torch']}, {results['dtype_note']})", "",
+    vocabulary = results.get("vocabulary", "full")
+    lines = [f"# GPU bench on {results['device_name']} (torch {results['torch']}, {results['dtype_note']}, "
+             f"{vocabulary} vocabulary)", "",
              f"Bandwidth: {bw['bytes_per_s'] / 1e9:.0f} GB/s (bfloat16 matrix-vector product, {bw['side']} x "
              f"{bw['side']}, {bw['ms']:.3f} ms)", ""]
     if results.get("host_link"):
@@ -416,6 +426,9 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", nargs="+", choices=["eager", "static", "graphs", "compiled"], default=None,
                     help="decode paths to time (default: eager and graphs on CUDA, eager and static elsewhere; "
                          "offloaded rows run eager and static; compiled: after a torch.compile of each model)")
+    ap.add_argument("--vocabulary", choices=["compact", "full"], default="compact",
+                    help="the 7B-class forwards score the ids a stream can hold (the engine's default, which skips "
+                         "the output head's text rows) or the whole vocabulary")
     ap.add_argument("--work", help="where the checkpoints are written (default: a temporary folder)")
     ap.add_argument("--out", default="out/bench-gpu")
     args = ap.parse_args(argv)
@@ -430,7 +443,7 @@ def main(argv=None) -> int:
         print(msg, flush=True)
 
     results = {"device": args.device, "torch": torch.__version__, "widths": args.widths, "trees": args.trees,
-               "context": args.context, "n_forwards": args.forwards,
+               "context": args.context, "n_forwards": args.forwards, "vocabulary": args.vocabulary,
                "n_offload_forwards": args.offload_forwards, "scale": args.scale,
                "device_name": torch.cuda.get_device_name(args.device) if cuda else "CPU",
                "dtype_note": "random weights, real configurations" + (f" x {args.scale}" if args.scale != 1 else "")}

@@ -141,9 +141,29 @@ class TransformersAdapter(ImageAdapter):
             self.features = hidden.view(-1, self.batch, *hidden.shape[1:])
         return hidden
 
+    #: ``(start, stop)``: the head's rows scored while a compact vocabulary decodes (:meth:`output_ids`)
+    head_rows: tuple[int, int] | None = None
+
+    def output_ids(self, ids):
+        """A contiguous range of ids is a slice of the head's weight (a view: no copy)."""
+        if ids is None:
+            self.head_rows = None
+            return True
+        start = int(ids[0]) if ids.numel() else 0
+        if type(self.head) is not torch.nn.Linear or not ids.numel() or not torch.equal(
+                ids.cpu(), torch.arange(start, start + ids.numel())):
+            return False
+        self.head_rows = (start, start + ids.numel())
+        return True
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[rows, ...] -> [K, B, ..., V] through ``self.head``."""
-        logits = self.head(hidden).float()
+        """[rows, ...] -> [K, B, ..., V] through ``self.head`` (or its rows ``head_rows``)."""
+        if self.head_rows is None:
+            logits = self.head(hidden).float()
+        else:
+            rows = slice(*self.head_rows)
+            bias = None if self.head.bias is None else self.head.bias[rows]
+            logits = torch.nn.functional.linear(hidden, self.head.weight[rows], bias).float()
         return logits.view(-1, self.batch, *logits.shape[1:])
 
     def logits_from_features(self, features):

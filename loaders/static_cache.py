@@ -87,7 +87,9 @@ def static_forward(adapter, kv: "StaticKV", fn, tokens: torch.Tensor, parents: t
     else:
         inputs = (pad_window(tokens, W),) + (() if parents is None else (ancestors(pad_tree(parents, W)),))
         kind, call = ("window" if parents is None else "tree"), lambda *t: run(*t, keys)
-    logits, features = adapter.graphs.run((kind, W, keys, adapter.batch), call, *inputs)
+    # a compact vocabulary's head rows give logits of another width (and read other weights)
+    key = (kind, W, keys, adapter.batch, getattr(adapter, "head_rows", None))
+    logits, features = adapter.graphs.run(key, call, *inputs)
     kv.advance([n] * kv.rows)
     return logits[:, :, :n], features[:, :, :n]
 

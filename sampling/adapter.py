@@ -156,6 +156,13 @@ class ImageAdapter:
         output head; adapters that keep ``features`` have it."""
         raise NotImplementedError(f"{type(self).__name__} gives no hidden states to a draft head")
 
+    def output_ids(self, ids: torch.Tensor | None) -> bool:
+        """Until ``output_ids(None)``: logits of these ids only (``[..., len(ids)]``, in their order)
+        from every call, where the adapter can score them without the rest of its vocabulary;
+        False if it cannot (then nothing changes and the caller gathers the columns it needs).
+        A compact vocabulary (``compact.py``) asks for the image ids."""
+        return False
+
     def input_embeddings(self) -> torch.Tensor | None:
         """``[vocab, H]``: what the model reads for each token id (a new draft head's
         frozen embeddings start from it); None if unknown."""

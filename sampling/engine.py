@@ -49,6 +49,7 @@ import torch
 from . import rng
 from .acceptance import DraftDistributions, ExactAcceptance, make_rule
 from .adapter import ImageAdapter
+from .compact import CompactVocabulary, compact, scores_trees
 from .config import KNOBS, ConfigError, DecodeConfig
 from .drafts import DraftSource, JacobiDrafts
 from . import proactive, scoring
@@ -111,11 +112,18 @@ class SpeculativeDecoder:
     :meth:`generate` for each batch.  ``drafter`` replaces Jacobi self-drafting
     with another :class:`~.drafts.DraftSource` (e.g. a learned draft head);
     ``surface`` names the settings in errors as the caller's user saw them
-    (:data:`~.config.SURFACES`).
+    (:data:`~.config.SURFACES`).  ``vocabulary``: ``"compact"`` decodes over the ids a
+    stream can hold (``compact.py``: the same distribution, narrower rows) where no draft
+    source of its own reads the model's ids; ``"full"`` over the whole vocabulary.
     """
 
     def __init__(self, adapter: ImageAdapter, config: DecodeConfig, drafter: DraftSource | None = None,
-                 surface: str = "api"):
+                 surface: str = "api", vocabulary: str = "compact"):
+        if vocabulary not in ("compact", "full"):
+            raise ValueError(f"vocabulary must be 'compact' or 'full' (got {vocabulary!r})")
+        self.base_adapter = adapter  # a draft head or draft model reads and writes the model's own ids
+        if vocabulary == "compact" and drafter is None:
+            adapter = compact(adapter)
         if drafter is not None:  # the config names its draft source: drafts = its depth
             config = replace(config, drafter=getattr(drafter, "name", "") or "draft model")
         elif config.drafter:
@@ -156,8 +164,8 @@ class SpeculativeDecoder:
         if self.tree:
             if not hasattr(self.drafter, "tree"):
                 raise ConfigError(f"the {self.drafter.name} drafts chains only; draft trees need a draft head")
-            if type(adapter).forward_tree is ImageAdapter.forward_tree:
-                raise ConfigError(f"{type(adapter).__name__} cannot score draft trees")
+            if not scores_trees(adapter):
+                raise ConfigError(f"{type(self.base_adapter).__name__} cannot score draft trees")
             if config.tree_top_k > int(lay.image_tokens.sum()):
                 raise ConfigError(f"{KNOBS['tree_top_k'].shown_as(surface)} must be at most the model's "
                                   f"{int(lay.image_tokens.sum())} image tokens (got {config.tree_top_k})")
@@ -182,9 +190,9 @@ class SpeculativeDecoder:
         self.proactive = config.proactive if jacobi and config.proactive > 1 else 0
         self.rows = config.rows if jacobi and config.rows > 1 else 0
         for name, value in (("proactive", self.proactive), ("rows", self.rows)):
-            if value and type(adapter).forward_tree is ImageAdapter.forward_tree:
+            if value and not scores_trees(adapter):
                 raise ConfigError(f"{KNOBS[name].shown_as(surface)} {value}: "
-                                  f"{type(adapter).__name__} cannot score draft trees (use 1, off)")
+                                  f"{type(self.base_adapter).__name__} cannot score draft trees (use 1, off)")
         if self.rows:
             self.row_grid = RowGrid(lay, adapter.device)
         self.guided = self.pipeline.guidance.branches > 1
@@ -222,7 +230,8 @@ class SpeculativeDecoder:
         ad = self.adapter
         widest = replace(self.config, window=max(window.CANDIDATES)) if self.auto_window else self.config
         state = state_bytes_per_image(Sizes.of(widest, ad.layout), ad.vocab_size, ad.branches(self.guided),
-                                      ad.layout.length, self.config.draft_coupling)
+                                      ad.layout.length, self.config.draft_coupling,
+                                      ad.output_width() if isinstance(ad, CompactVocabulary) else None)
         negatives = None if negatives is None else list(negatives)
         cache = ad.cache_bytes_per_image(list(conditions), negatives, self.guided) or 0
         parts = {"KV cache": cache, "decoding state": state}
@@ -301,15 +310,26 @@ class SpeculativeDecoder:
         memory = self._memory_mb(st, timer)
         reports = build_reports(st, config, timer, memory, ad.device, getattr(self.drafter, "name", ""),
                                 choice.reason if choice else "")
-        return DecodeResult(st.seq[:, :T].clone(), reports)
+        return DecodeResult(self.to_ids(st.seq[:, :T]).clone(), reports)
+
+    def to_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The model's ids of the engine's tokens (they differ under a compact vocabulary)."""
+        ad = self.adapter
+        return ad.to_ids(tokens) if isinstance(ad, CompactVocabulary) else tokens
+
+    def to_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """The engine's tokens of the model's ids."""
+        ad = self.adapter
+        return ad.to_compact(ids) if isinstance(ad, CompactVocabulary) else ids
 
     # -- the window on auto -------------------------------------------------------
     def _choose_window(self, batch: int) -> "window.Choice":
         """The window on auto for this batch: forward costs measured once per adapter, batch,
         guidance, decode path and device, and kept on the adapter (one per loaded model)."""
         ad = self.adapter
-        profile = ad.__dict__.setdefault("window_profile", {})
-        key = ("costs", batch, self.guided, ad.decode_path, str(ad.device))
+        # kept on the model's own adapter (a compact vocabulary's wrapper lives as long as its decoder)
+        profile = self.base_adapter.__dict__.setdefault("window_profile", {})
+        key = ("costs", batch, self.guided, ad.decode_path, str(ad.device), ad.vocab_size)
         if key not in profile:
             image_id = int(torch.nonzero(ad.layout.image_tokens)[0])
             profile[key] = window.probe(ad, self.pipeline, batch, image_id)
@@ -686,5 +706,5 @@ class SpeculativeDecoder:
             callback(StepEvent(
                 step=st.step, kind=st.log[-1][0], committed=list(st.host_committed),
                 cached=list(st.host_cached), length=st.length, nfe=sum(k != "S" for k, *_ in st.log),
-                tokens=st.seq,
+                tokens=self.to_ids(st.seq),
             ))

@@ -92,13 +92,17 @@ def check_fits(per_image: dict[str, int], batch: int, device, what: str = "batch
                       f"{torch.device(device).type} has {gb(free)} free; {advice}")
 
 
-def state_bytes_per_image(sizes, vocab: int, branches: int, length: int, coupling: str = "none") -> int:
+def state_bytes_per_image(sizes, vocab: int, branches: int, length: int, coupling: str = "none",
+                          output_width: int | None = None) -> int:
     """The engine's own memory per image (:class:`~.state.DecodeState` sized by ``sizes``):
     the ring of draft distributions, the window buffers (probabilities, cumulative
     sums), the adapter's float32 logits per branch and the acceptance rules'
     temporaries, all ``[rows, vocab]`` float32, plus the token stream; coupled
-    drafting adds its buffers (and, for ``gumbel``, a ring of noise)."""
+    drafting adds its buffers (and, for ``gumbel``, a ring of noise).  ``output_width``:
+    the columns of the model's logits where they differ from ``vocab`` (a compact
+    vocabulary gathering them from the whole vocabulary's); their compact copy is counted too."""
     rings = 1 + (coupling == "gumbel")
     rows = rings * (sizes.ring_size + 1) if sizes.drafts else 0
     rows += sizes.max_window * (2 + branches + 3 + 2 * (coupling != "none" and sizes.drafts > 0))
-    return 4 * vocab * rows + 8 * (length + sizes.pad)
+    outputs = 0 if output_width is None else 4 * output_width * sizes.max_window * branches
+    return 4 * vocab * rows + outputs + 8 * (length + sizes.pad)

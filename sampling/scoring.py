@@ -31,7 +31,7 @@ def target_log_likelihood(decoder, conditions: Sequence, tokens: torch.Tensor, n
 def _score(decoder, conditions, tokens, negatives, pick, chunk):
     """``pick(p, tokens)`` per chunk of positions of teacher-forced streams, concatenated."""
     ad = decoder.adapter
-    tokens = tokens.to(ad.device)
+    tokens = decoder.to_tokens(tokens.to(ad.device))
     B, T = tokens.shape
     chunk = chunk or T
     try:

@@ -72,6 +72,24 @@ def test_the_floor_counts_only_the_layers_a_forward_runs(tmp_path):
     assert read > sum(stored_bytes(m) for m in janus.language_model.layers)
 
 
+def test_a_compact_vocabularys_floor_counts_the_heads_image_rows_only(tmp_path):
+    """Lumina-mGPT-7B's head has 65,536 rows, 8,192 of them image tokens."""
+    from spec_ar.sampling.compact import compact
+
+    path = gpu.write_model("lumina-mgpt-7b-768", tmp_path / "lumina", 0.03)
+    model = gpu.load(path, "cpu", "bfloat16")
+    full, small = model.adapter, compact(model.adapter)
+    reads = []
+    for ad in (full, small):
+        ad.prefill(["a fox"], None, True)
+        image_id = int(torch.nonzero(ad.layout.image_tokens)[0])
+        reads.append(gpu.read_per_forward(ad, model.modules, torch.tensor([[image_id]])))
+        ad.release()
+    head = stored_bytes(full.head)
+    assert small.native and full.head_rows is None
+    assert reads[0] - reads[1] == head - head * small.n_image // full.vocab_size
+
+
 def test_redrawn_weights_are_the_same_model_every_time(tmp_path):
     path = gpu.write_model("llamagen-xl", tmp_path / "lg", 0.03)
     a, b = gpu.load(path, "cpu", "bfloat16"), gpu.load(path, "cpu", "bfloat16")
