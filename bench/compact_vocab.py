@@ -70,7 +70,8 @@ def main(argv=None):
     ap.add_argument("--out", help="also write the rows as JSON here")
     args = ap.parse_args(argv)
     model = load_model(args.model, device=args.device, dtype=args.dtype, width=args.width, height=args.height)
-    print(f"# {model.name}, {model.info.get('width')}x{model.info.get('height')} px, {args.dtype} on {args.device}, "
+    rows, cols = model.adapter.layout.grid
+    print(f"# {model.name}, {rows}x{cols} image tokens, {args.dtype} on {args.device}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     rows = run(model, args.modes, args.batch, args.repeats, args.seed)
     print(f"{'mode':6} {'batch':>5} {'vocab':>15} {'ms/img full':>11} {'compact':>8} {'speedup':>7} "

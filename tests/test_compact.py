@@ -1,5 +1,7 @@
 """A compact vocabulary (``sampling/compact.py``): the engine decodes over the ids a stream can
 hold, with the whole vocabulary's distribution, narrower rows, and the model's ids at every edge."""
+import json
+
 import pytest
 import torch
 
@@ -15,8 +17,13 @@ from .lumina2_files import write_lumina2
 
 
 @pytest.fixture(scope="module")
-def lumina2(tmp_path_factory):  # forced tokens (size, end of row, end of image) beside a range of codes
-    return load_model(write_lumina2(tmp_path_factory.mktemp("lumina2") / "Lumina-mGPT-2.0"), width=64, height=64)
+def lumina2_folder(tmp_path_factory):
+    return write_lumina2(tmp_path_factory.mktemp("lumina2") / "Lumina-mGPT-2.0")
+
+
+@pytest.fixture(scope="module")
+def lumina2(lumina2_folder):  # forced tokens (size, end of row, end of image) beside a range of codes
+    return load_model(lumina2_folder, width=64, height=64)
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +144,19 @@ def test_a_compact_vocabulary_needs_less_decoding_state(liquid):
     b = full.memory_per_image(["a red fox"])["decoding state"]
     V, n = liquid.adapter.vocab_size, small.adapter.vocab_size
     assert a < b * 1.2 * n / V + 1e5  # the rows shrink with the vocabulary (the model's logits too: native)
+
+
+def test_the_bench_times_both_vocabularies_on_one_model(lumina2_folder, lumina2, tmp_path, capsys):
+    from spec_ar.bench import compact_vocab
+
+    out = tmp_path / "rows.json"
+    compact_vocab.main([str(lumina2_folder), "--width", "64", "--height", "64", "--modes", "ar", "sjd",
+                        "--repeats", "1", "--out", str(out)])
+    rows = json.loads(out.read_text())
+    assert [(r["mode"], r["batch"]) for r in rows] == [("ar", 1), ("sjd", 1)]
+    for r in rows:
+        assert r["ms_full"] > 0 and r["ms_compact"] > 0
+        assert r["vocab_compact"] < r["vocab_full"] == lumina2.adapter.vocab_size
+        assert r["state_mb_compact"] < r["state_mb_full"]
+        assert 0.0 <= r["same_tokens"] <= 1.0
+    assert "ms/img full" in capsys.readouterr().out
