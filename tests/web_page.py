@@ -174,7 +174,7 @@ class WebPage:
             self.page.route(f"{self.url}/**", self._serve_static)
         self.page.on("pageerror", lambda e: self.page_errors.append(f"{e}\n{getattr(e, 'stack', '')}"))
         self.page.on("console", self._console)
-        self.page.on("requestfailed", lambda r: self.failed.append(f"failed {r.url}"))
+        self.page.on("requestfailed", self._request_failed)
         self.page.on("response", lambda r: self.failed.append(f"{r.status} {r.url}") if r.status >= 400
                      else self.loaded.append(r.url) if r.status == 200 else None)
         self.open()
@@ -211,6 +211,12 @@ class WebPage:
         return self.page.evaluate(script, arg)
 
     # -- what the pack's files did ---------------------------------------------------
+    def _request_failed(self, request) -> None:
+        """A request that got no response; one the page itself cancelled (``net::ERR_ABORTED``: a
+        thumbnail still loading when its dialog closes) is no failure of the server's."""
+        if request.failure != "net::ERR_ABORTED":
+            self.failed.append(f"failed {request.url} ({request.failure})")
+
     def pack_failures(self) -> list[str]:
         """Failed requests for the pack's own files (its page extension and templates)."""
         return [f for f in self.failed if f"/{PACK}/" in f]
