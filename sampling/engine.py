@@ -113,16 +113,17 @@ class SpeculativeDecoder:
     with another :class:`~.drafts.DraftSource` (e.g. a learned draft head);
     ``surface`` names the settings in errors as the caller's user saw them
     (:data:`~.config.SURFACES`).  ``vocabulary``: ``"compact"`` decodes over the ids a
-    stream can hold (``compact.py``: the same distribution, narrower rows) where no draft
-    source of its own reads the model's ids; ``"full"`` over the whole vocabulary.
+    stream can hold (``compact.py``: the same distribution, narrower rows), but with a draft
+    model (which reads the model's own ids); ``"full"`` over the whole vocabulary.
     """
 
     def __init__(self, adapter: ImageAdapter, config: DecodeConfig, drafter: DraftSource | None = None,
                  surface: str = "api", vocabulary: str = "compact"):
         if vocabulary not in ("compact", "full"):
             raise ValueError(f"vocabulary must be 'compact' or 'full' (got {vocabulary!r})")
-        self.base_adapter = adapter  # a draft head or draft model reads and writes the model's own ids
-        if vocabulary == "compact" and drafter is None:
+        self.base_adapter = adapter
+        # a draft model reads and writes the model's own ids; a draft head follows its target's vocabulary
+        if vocabulary == "compact" and (drafter is None or getattr(drafter, "follows_compact_vocabulary", False)):
             adapter = compact(adapter)
         if drafter is not None:  # the config names its draft source: drafts = its depth
             config = replace(config, drafter=getattr(drafter, "name", "") or "draft model")

@@ -34,6 +34,7 @@ import torch
 
 from . import rng
 from .adapter import ImageAdapter
+from .compact import CompactVocabulary
 from .config import ConfigError
 from .processing import build_pipeline
 from .state import DecodeState
@@ -48,6 +49,9 @@ class HeadDrafts:
     (``within``: each node's ancestors in the tree so far)."""
 
     redraw = "independent"  # drafts past a rejection are replaced, not redrawn
+    #: it draws through the target's head and feeds the model's ids to its own embedding, so it
+    #: follows a compact vocabulary (``compact.py``): the engine may wrap the target it checks
+    follows_compact_vocabulary = True
 
     def __init__(self, head, name: str | None = None):
         self.head, self.name = head, name or head.name
@@ -58,11 +62,12 @@ class HeadDrafts:
         """One clear error when the head cannot draft for ``target``; otherwise ask
         the target to keep its features."""
         s, problems = self.head.spec, []
-        if type(target).logits_from_features is ImageAdapter.logits_from_features:
+        model = target.inner if isinstance(target, CompactVocabulary) else target  # the model's own ids
+        if type(model).logits_from_features is ImageAdapter.logits_from_features:
             raise ConfigError(f"the {self.name} needs the target's hidden states, which this model's adapter "
-                              f"({type(target).__name__}) does not give")
-        if s.vocab != target.vocab_size:
-            problems.append(f"{s.vocab} token embeddings, the target's vocabulary has {target.vocab_size} ids")
+                              f"({type(model).__name__}) does not give")
+        if s.vocab != model.vocab_size:
+            problems.append(f"{s.vocab} token embeddings, the target's vocabulary has {model.vocab_size} ids")
         width = getattr(target, "feature_size", None)
         if width is not None and width != s.hidden:
             problems.append(f"width {s.hidden}, the target's hidden states have {width}")
@@ -78,6 +83,7 @@ class HeadDrafts:
             raise ConfigError(f"the {self.name} cannot draft for this model: it has " + "; ".join(problems))
         target.keep_features = True
         self.target = target
+        self.ids = target.to_ids if isinstance(target, CompactVocabulary) else (lambda tokens: tokens)
 
     def start(self, st: DecodeState, conditions, negatives, guided: bool, config, timer) -> None:
         """After the target's prefill: the head reads the condition (when it was
@@ -393,7 +399,7 @@ class HeadDrafts:
         R = self.rows
         B, k = tokens.shape
         with self.timer.model("drafter"):
-            out = self.head.step_tree(tokens.repeat(R, 1), feats.reshape(R * B, k, -1), depth,
+            out = self.head.step_tree(self.ids(tokens).repeat(R, 1), feats.reshape(R * B, k, -1), depth,
                                       within.repeat(R, 1, 1), start, self.cache)
         self.spec_len = [m + k for m in self.spec_len]
         return out.view(R, B, k, -1)
@@ -403,7 +409,8 @@ class HeadDrafts:
         """One head forward over ``tokens`` ``[B, k]`` (the same for every branch)."""
         R = self.rows
         with self.timer.model("drafter"):
-            return self.head.step(tokens.repeat(R, 1), features.reshape(R * tokens.shape[0], tokens.shape[1], -1),
+            return self.head.step(self.ids(tokens).repeat(R, 1),
+                                  features.reshape(R * tokens.shape[0], tokens.shape[1], -1),
                                   self.cache)
 
     def _rollback(self, n):

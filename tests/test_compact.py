@@ -160,3 +160,24 @@ def test_the_bench_times_both_vocabularies_on_one_model(lumina2_folder, lumina2,
         assert r["state_mb_compact"] < r["state_mb_full"]
         assert 0.0 <= r["same_tokens"] <= 1.0
     assert "ms/img full" in capsys.readouterr().out
+
+
+def test_a_draft_head_drafts_over_the_compact_vocabulary_with_the_whole_ones_tokens(tmp_path):
+    """LANTERN's Anole drafter reads the target's hidden states and feeds the model's ids to its own embedding."""
+    from spec_ar.loaders.detect import load_drafter
+
+    from .checkpoints import write_lantern_anole_head
+
+    model = load_model(write_chameleon(tmp_path / "Anole-7b-hf", "anole", seed=1))
+    folder = write_lantern_anole_head(tmp_path / "anole_drafter", hidden=32, heads=4, kv_heads=2,
+                                      vocab=model.adapter.vocab_size)
+    source = load_drafter(folder, model)
+    tokens = {}
+    for vocabulary in ("compact", "full"):
+        dec = SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3, temperature=0.0), drafter=source,
+                                 vocabulary=vocabulary)
+        assert isinstance(dec.adapter, CompactVocabulary) == (vocabulary == "compact")
+        result = dec.generate(["a fox", "a red panda eating bamboo"], seeds=[2, 3])
+        assert all(r.drafter == source.name for r in result.reports)  # greedy: the same drafts stand or fall
+        tokens[vocabulary] = (result.tokens, [r.nfe for r in result.reports])
+    assert torch.equal(tokens["compact"][0], tokens["full"][0]) and tokens["compact"][1] == tokens["full"][1]
