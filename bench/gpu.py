@@ -425,7 +425,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--paths", nargs="+", choices=["eager", "static", "graphs", "compiled"], default=None,
                     help="decode paths to time (default: eager and graphs on CUDA, eager and static elsewhere; "
-                         "offloaded rows run eager and static; compiled: after a torch.compile of each model)")
+                         "offloaded rows run eager and static; compiled: after a torch.compile of each model's block, "
+                         "which its layers share)")
     ap.add_argument("--vocabulary", choices=["compact", "full"], default="compact",
                     help="the 7B-class forwards score the ids a stream can hold (the engine's default, which skips "
                          "the output head's text rows) or the whole vocabulary")

@@ -134,6 +134,10 @@ class TransformersAdapter(ImageAdapter):
     def feature_size(self) -> int:
         return self.model.config.get_text_config().hidden_size
 
+    def network(self) -> torch.nn.Module:
+        """The module whose repeated blocks the compiled path compiles."""
+        return self.model
+
     def _keep(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` ``[rows, L, H]`` (the last hidden states, after the final norm)
         kept as ``features`` ``[rows / batch, batch, L, H]`` when a draft head reads them."""

@@ -262,6 +262,10 @@ class LlamaGenAdapter(ImageAdapter):
         self.batch = 0
 
     # -- conditions ---------------------------------------------------------
+    def network(self) -> nn.Module:
+        """The module whose repeated blocks the compiled path compiles."""
+        return self.gpt
+
     def check_conditions(self, conditions, negatives):
         if negatives is not None:
             raise ValueError("LlamaGen has no negative prompt: leave it empty")

@@ -27,6 +27,8 @@ the whole condition and uses the cache position itself (offset 0).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 #: how the decode path is chosen: ``auto`` is ``graphs`` on CUDA and ``eager`` elsewhere
@@ -36,20 +38,26 @@ CAPTURED = ("graphs", "compiled")
 HELP = ("how forwards run: eager (shapes as they come), static (a KV cache allocated once per decode and read in "
         "buckets of 256 entries, windows and draft trees padded to powers of two: a few fixed shapes), graphs "
         "(static, each shape captured once as a CUDA graph and replayed, so a forward costs no per-kernel launch "
-        "time; CUDA only, offloaded and nf4 models run static), compiled (graphs of forwards that torch.compile "
-        "fused first: fewer, larger kernels, after a compile of a minute or two per model; the same distribution, "
+        "time; CUDA only, offloaded and nf4 models run static), compiled (graphs of forwards whose transformer "
+        "blocks torch.compile fused first: fewer, larger kernels, after one compile that every block shares, "
+        "whatever the depth (16 s on a 2-core CPU at 8 or 24 blocks; offloaded and nf4 models run static); "
+        "the same distribution, "
         "but fused arithmetic rounds differently, so a seed's image can differ), auto (graphs on CUDA, eager "
         "elsewhere; default). eager, static and graphs give the same tokens. graphs and compiled keep the KV "
         "cache and the graphs allocated between runs, for the next one (the sampler's unload_after_run frees "
         "them with the model)")
+
+#: what the compiled path compiles blocks with (tests use ``aot_eager``: the same arithmetic, no code generation)
+COMPILE_BACKEND = "inductor"
 
 #: cache entries per key bucket on the static path (a 7B model at 384 px: 3 buckets)
 BUCKET = 256
 
 
 def resolve_path(path: str | None, device, capturable: bool = True) -> str:
-    """``eager``, ``static`` or ``graphs`` for ``path`` (one of :data:`DECODE_PATHS`) on ``device``;
-    graphs need CUDA and a ``capturable`` model (not offloaded, not nf4), else run ``static``."""
+    """The decode path ``path`` (one of :data:`DECODE_PATHS`) runs as on ``device``: graphs need
+    CUDA and a ``capturable`` model (not offloaded, not nf4), compiled such a model, else they run
+    ``static``."""
     path = path or "auto"
     if path not in DECODE_PATHS:
         from ..sampling.config import ConfigError
@@ -58,8 +66,8 @@ def resolve_path(path: str | None, device, capturable: bool = True) -> str:
     graphs = torch.device(device).type == "cuda" and capturable
     if path == "auto":
         return "graphs" if graphs else ("static" if torch.device(device).type == "cuda" else "eager")
-    if path == "graphs" and not graphs:
-        return "static"
+    if (path == "graphs" and not graphs) or (path == "compiled" and not capturable):
+        return "static"  # an offloaded or nf4 model's blocks are streamed or unpacked as they run
     return path
 
 
@@ -102,14 +110,47 @@ def weights_signature(*modules: torch.nn.Module) -> tuple:
 
 
 def forward_function(adapter, fn):
-    """``fn`` (a bound method of ``adapter``) as its decode path runs it: on the compiled
-    path compiled once for every shape (``dynamic``: widths and cache reads symbolic)."""
+    """``fn`` (a bound method of ``adapter``) as its decode path runs it.  On the compiled path
+    the network's repeated blocks run compiled, regionally: every block is the same code on
+    other weights, so one compile (``dynamic``: widths, cache reads and the layer index
+    symbolic) serves them all and its time does not grow with depth (a 7B model's whole
+    forward did not compile within 140 s on an H100); embeddings, masks and head run as they
+    are, and on CUDA the graphs capture the whole forward."""
     if adapter.decode_path != "compiled":
         return fn
-    compiled = adapter.__dict__.setdefault("compiled_forwards", {})
-    if fn.__name__ not in compiled:
-        compiled[fn.__name__] = torch.compile(fn, dynamic=True)
-    return compiled[fn.__name__]
+    blocks, compiled = compiled_blocks(adapter)
+
+    def run(*args):
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True), swapped(blocks, compiled):
+            return fn(*args)
+    return run
+
+
+def compiled_blocks(adapter) -> tuple:
+    """The adapter's repeated blocks (``ModuleList``) and each one compiled, made once per adapter."""
+    from .storage import repeated_blocks
+
+    kept = adapter.__dict__.get("compiled_blocks")
+    blocks = repeated_blocks(adapter.network())
+    if blocks is None:
+        raise RuntimeError(f"{type(adapter).__name__}: no repeated blocks to compile")
+    if kept is None or kept[0] is not blocks:
+        kept = adapter.compiled_blocks = (blocks, [torch.compile(b, dynamic=True, backend=COMPILE_BACKEND)
+                                                    for b in blocks])
+    return kept
+
+
+@contextlib.contextmanager
+def swapped(blocks, compiled):
+    """``blocks`` run as ``compiled`` within (the other paths keep the plain blocks)."""
+    plain = list(blocks)
+    for i, c in enumerate(compiled):
+        blocks[i] = c
+    try:
+        yield
+    finally:
+        for i, b in enumerate(plain):
+            blocks[i] = b
 
 
 def capacity_for(positions: int) -> int:
@@ -125,9 +166,12 @@ def padded_width(n: int) -> int:
 class StaticKV:
     def __init__(self, layers: int, heads: int, head_dim: int, rows: int, capacity: int, dtype, device,
                  bucket: int = 1):
-        shape = (rows, heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        # one tensor per kind for every layer: a block compiled once for all layers picks its
+        # layer's entries by index (a list would need one compile per layer)
+        shape = (layers, rows, heads, capacity, head_dim)
+        self.K = torch.zeros(shape, dtype=dtype, device=device)
+        self.V = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = list(self.K.unbind(0)), list(self.V.unbind(0))  # views by layer
         self.length = torch.zeros(rows, dtype=torch.long, device=device)
         self.offset = torch.zeros(rows, dtype=torch.long, device=device)
         self.host_length = [0] * rows
@@ -191,11 +235,11 @@ class StaticKV:
         """After a tree forward from ``start[row]``: keep nodes ``nodes[row, :counts[row]]``
         (a root-to-node path, in order) at ``start .. start + count`` and drop the rest."""
         base = torch.tensor(start, device=self.length.device).view(-1, 1)
-        src = (base + nodes).view(-1, 1, nodes.shape[1], 1)
-        dst = (base + torch.arange(nodes.shape[1], device=base.device)).view(-1, 1, nodes.shape[1], 1)
-        for buf in self.k + self.v:
-            moved = buf.gather(2, src.expand(-1, buf.shape[1], -1, buf.shape[3]))
-            buf.scatter_(2, dst.expand_as(moved), moved)
+        src = (base + nodes).view(1, -1, 1, nodes.shape[1], 1)
+        dst = (base + torch.arange(nodes.shape[1], device=base.device)).view(1, -1, 1, nodes.shape[1], 1)
+        for buf in (self.K, self.V):  # every layer at once
+            moved = buf.gather(3, src.expand(buf.shape[0], -1, buf.shape[2], -1, buf.shape[4]))
+            buf.scatter_(3, dst.expand_as(moved), moved)
         self.host_length = [a + c for a, c in zip(start, counts)]
         self.length.copy_(torch.tensor(self.host_length, device=self.length.device))
 
@@ -203,9 +247,10 @@ class StaticKV:
         """Store ``k, v`` ``[rows, heads, L, hd]`` at each row's positions; return
         the keys and values attention reads."""
         idx = self.pos[:, None, :, None].expand(k.shape)
-        self.k[layer].scatter_(2, idx, k)
-        self.v[layer].scatter_(2, idx, v)
-        return self.k[layer][:, :, : self.keys], self.v[layer][:, :, : self.keys]
+        keys, values = self.K[layer], self.V[layer]
+        keys.scatter_(2, idx, k)
+        values.scatter_(2, idx, v)
+        return keys[:, :, : self.keys], values[:, :, : self.keys]
 
     def advance(self, n: list[int]):
         """Add ``n[row]`` positions (negative: roll back)."""
@@ -213,7 +258,7 @@ class StaticKV:
         self.length += torch.tensor(n, device=self.length.device)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in (self.K, self.V))
 
     def live_bytes(self) -> int:
         """Bytes a forward reads now: the entries up to the longest row."""

@@ -132,7 +132,8 @@ def test_the_static_forward_compiles_as_one_graph(families, family, shape):
 
     ad = families[family].adapter
     ad.decode_path, ad.cache = "static", None
-    try:
+    try:  # without gradients, as the adapters' forwards run
+        torch.set_grad_enabled(False)
         ad.prefill(conditions(families[family]), None, True)
         tokens = torch.nonzero(ad.layout.image_tokens)[:16].view(2, 8)
         kv = ad.cache if isinstance(ad.cache, StaticKV) else ad.cache.kv
@@ -157,8 +158,54 @@ def test_the_static_forward_compiles_as_one_graph(families, family, shape):
             # transformers' code specialises the first width it sees; the second compile serves the rest
             assert graphs[-1] == graphs[1] <= 2
     finally:
+        torch.set_grad_enabled(True)
         ad.decode_path, ad.cache = "eager", None
         torch._dynamo.reset()
+
+
+def compiled_decode(model, config, monkeypatch):
+    """A decode on the compiled path with ``aot_eager`` (the same arithmetic, no code generation):
+    the result and the number of graphs compiled."""
+    from spec_ar.loaders import static_cache
+
+    monkeypatch.setattr(static_cache, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters["stats"]
+    before = counts["unique_graphs"]
+    try:
+        return decode_on("compiled", model, config), counts["unique_graphs"] - before
+    finally:
+        model.adapter.__dict__.pop("compiled_blocks", None)
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", ["embedded", "llamagen-t2i", "janus", "lumina", "emu3", "liquid", "lumina2",
+                                    "simplear"])
+def test_the_compiled_path_runs_the_blocks_compiled(families, family, monkeypatch):
+    """Regional compilation: the repeated blocks run compiled, in a compile or two for the whole
+    decode (widths and cache reads symbolic); ``aot_eager`` keeps the arithmetic, so the tokens
+    are the static path's; after the forward the model holds its plain blocks again."""
+    from spec_ar.loaders.storage import repeated_blocks
+
+    model = families[family]
+    config = DecodeConfig(mode="sjd", window=6, **({"cfg_scale": 1.0} if family == "simplear" else {}))
+    compiled, graphs = compiled_decode(model, config, monkeypatch)
+    static = decode_on("static", model, config)
+    assert torch.equal(compiled.tokens, static.tokens)
+    assert [r.nfe for r in compiled.reports] == [r.nfe for r in static.reports]
+    assert 1 <= graphs <= 2
+    blocks = repeated_blocks(model.adapter.network())
+    assert all(type(b) is type(blocks[0]) and not isinstance(b, torch._dynamo.eval_frame.OptimizedModule)
+               for b in blocks)
+
+
+def test_one_compile_serves_every_layer(tmp_path, monkeypatch):
+    """The layer index is symbolic (transformers keeps it on each attention module): a model of
+    five layers compiles its block once or twice, not once per layer, so a 7B model's 30 layers
+    compile in the time of one."""
+    model = janus.load(write_janus(tmp_path / "Janus-Pro-deep", *tiny_janus(seed=3, layers=5)))
+    _, graphs = compiled_decode(model, DecodeConfig(mode="sjd", window=6), monkeypatch)
+    assert 1 <= graphs <= 2 < 5
 
 
 def test_a_decode_runs_forwards_of_a_few_shapes(families):
@@ -191,6 +238,7 @@ def test_padding_helpers():
 def test_paths_resolve_per_device():
     assert resolve_path("auto", "cpu") == "eager" and resolve_path("graphs", "cpu") == "static"
     assert resolve_path("auto", "cuda") == "graphs" and resolve_path("auto", "cuda", capturable=False) == "static"
+    assert resolve_path("compiled", "cpu") == "compiled" and resolve_path("compiled", "cuda", capturable=False) == "static"
     with pytest.raises(ConfigError, match="decode path must be one of auto, eager, static, graphs"):
         resolve_path("fast", "cpu")
 
@@ -259,3 +307,17 @@ def test_graphs_are_dropped_when_the_weights_move():
     layer.to(torch.float64)  # new storage, as a move to another device and back gives
     graphs.check_weights(weights_signature(layer))
     assert not graphs.graphs
+
+
+def test_the_compile_time_bench_times_both_ways(tmp_path, capsys):
+    """``bench/compile_time.py``: both ways at each depth, each a first forward and one of another width."""
+    import json
+
+    from spec_ar.bench import compile_time
+
+    out = tmp_path / "compile.json"
+    assert compile_time.main(["--depths", "1", "3", "--dim", "64", "--backend", "aot_eager", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["depth"], r["how"]) for r in rows] == [(1, "regional"), (1, "whole"), (3, "regional"), (3, "whole")]
+    assert all(r["first_forward_s"] > 0 and r["graphs"] >= 1 for r in rows)
+    assert "regional" in capsys.readouterr().out
