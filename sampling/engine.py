@@ -113,8 +113,8 @@ class SpeculativeDecoder:
     with another :class:`~.drafts.DraftSource` (e.g. a learned draft head);
     ``surface`` names the settings in errors as the caller's user saw them
     (:data:`~.config.SURFACES`).  ``vocabulary``: ``"compact"`` decodes over the ids a
-    stream can hold (``compact.py``: the same distribution, narrower rows), but with a draft
-    model (which reads the model's own ids); ``"full"`` over the whole vocabulary.
+    stream can hold (``compact.py``: the same distribution, narrower rows; a draft head or
+    draft model follows it); ``"full"`` over the whole vocabulary.
     """
 
     def __init__(self, adapter: ImageAdapter, config: DecodeConfig, drafter: DraftSource | None = None,
@@ -122,7 +122,7 @@ class SpeculativeDecoder:
         if vocabulary not in ("compact", "full"):
             raise ValueError(f"vocabulary must be 'compact' or 'full' (got {vocabulary!r})")
         self.base_adapter = adapter
-        # a draft model reads and writes the model's own ids; a draft head follows its target's vocabulary
+        # a draft source that follows the vocabulary (a head, a draft model) learns it in its check
         if vocabulary == "compact" and (drafter is None or getattr(drafter, "follows_compact_vocabulary", False)):
             adapter = compact(adapter)
         if drafter is not None:  # the config names its draft source: drafts = its depth
@@ -311,7 +311,9 @@ class SpeculativeDecoder:
         memory = self._memory_mb(st, timer)
         reports = build_reports(st, config, timer, memory, ad.device, getattr(self.drafter, "name", ""),
                                 choice.reason if choice else "")
-        return DecodeResult(self.to_ids(st.seq[:, :T]).clone(), reports)
+        tokens = st.seq[:, :T]
+        ids = self.to_ids(tokens)  # a compact vocabulary's ids are a new tensor; the stream's view is copied
+        return DecodeResult(tokens.clone() if ids is tokens else ids, reports)
 
     def to_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """The model's ids of the engine's tokens (they differ under a compact vocabulary)."""

@@ -20,6 +20,10 @@ feed of the batch and the padding rolled back at once.
 
 Random numbers: draft ``t`` of sample ``b`` uses ``rng.uniform(keys, step,
 DRAFT, t)``, so an image's drafts do not depend on its batch.
+
+Vocabulary: where the engine decodes over a compact vocabulary (``compact.py``) the drafter
+runs behind the same one (its layout is the target's, so its compact ids are too): its
+``q`` rows and the engine's are as narrow, and it reads and writes the engine's tokens.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import torch
 
 from . import rng
 from .adapter import ImageAdapter
+from .compact import CompactVocabulary, compact
 from .config import ConfigError
 from .processing import build_pipeline
 from .state import DecodeState
@@ -36,18 +41,23 @@ class ModelDrafts:
     """Draft source running ``adapter`` (whose token layout must be the target's)."""
 
     redraw = "independent"  # drafts past a rejection are replaced, not redrawn
+    #: follows a compact vocabulary: the engine may wrap the target it checks
+    follows_compact_vocabulary = True
 
     def __init__(self, adapter: ImageAdapter, name: str = "draft model"):
         self.adapter, self.name = adapter, name
+        self.running = adapter  # what drafts run on: ``adapter``, or it behind the target's compact vocabulary
         self.timer = None
 
     # -- set-up --------------------------------------------------------------
     def check(self, target: ImageAdapter) -> None:
-        """One clear error when this drafter cannot draft for ``target``."""
-        a, b = self.adapter.layout, target.layout
+        """One clear error when this drafter cannot draft for ``target`` (the model's ids are
+        compared); then the drafter follows ``target``'s vocabulary."""
+        base = target.inner if isinstance(target, CompactVocabulary) else target
+        a, b = self.adapter.layout, base.layout
         problems = []
-        if self.adapter.vocab_size != target.vocab_size:
-            problems.append(f"vocabulary {self.adapter.vocab_size} ids, the target's {target.vocab_size}")
+        if self.adapter.vocab_size != base.vocab_size:
+            problems.append(f"vocabulary {self.adapter.vocab_size} ids, the target's {base.vocab_size}")
         elif not torch.equal(a.image_tokens.cpu(), b.image_tokens.cpu()):
             problems.append("a different set of image token ids")
         if a.grid != b.grid or a.length != b.length or a.row_stride != b.row_stride:
@@ -58,20 +68,21 @@ class ModelDrafts:
         if problems:
             raise ConfigError(f"the {self.name} cannot draft for this model: it has " + "; ".join(problems)
                               + " (a drafter needs the target's codebook and token layout)")
+        self.running = compact(self.adapter) if base is not target else self.adapter
 
     def start(self, st: DecodeState, conditions, negatives, guided: bool, config, timer) -> None:
         """Prefill the drafter with the batch's conditions (called after the target's);
         its logits are processed with the target's settings (``config``)."""
-        ad = self.adapter
+        ad = self.running
         self.pipeline = build_pipeline(config, ad.layout, ad.guidance, ad.device,
                                        scales=ad.guidance_scales(config.cfg_scale))
         self.timer = timer
         with timer.model("drafter"):
-            self.adapter.prefill(conditions, negatives, guided)
+            ad.prefill(conditions, negatives, guided)
         self.cached = [0] * st.batch  # stream positions in the drafter's cache, per sample
 
     def finish(self) -> None:
-        self.adapter.release()
+        self.running.release()
 
     # -- the draft source calls ------------------------------------------------
     def after_verify(self, st: DecodeState, probs, samples, first_new):
@@ -111,9 +122,9 @@ class ModelDrafts:
     # -- helpers ---------------------------------------------------------------
     def _forward(self, tokens):
         with self.timer.model("drafter"):
-            return self.adapter.forward(tokens)
+            return self.running.forward(tokens)
 
     def _rollback(self, n):
         if any(n):
-            self.adapter.rollback(n)
+            self.running.rollback(n)
             self.cached = [c - m for c, m in zip(self.cached, n)]
