@@ -1,13 +1,16 @@
 """The compact vocabulary against the whole one, on one model: time, memory, tokens.
 
     python -m spec_ar.bench.compact_vocab MODEL [--width W --height H] [--modes ar sjd] [--batch 1 8]
-        [--repeats 3] [--seed 0] [--dtype float32] [--device cpu] [--out FILE.json]
+        [--repeats 3] [--seed 0] [--dtype float32] [--device cpu] [--drafter FOLDER [--depth 3]]
+        [--out FILE.json]
 
 For each mode and batch size the two decoders (``vocabulary="full"`` and ``"compact"``, the
 default, ``sampling/compact.py``) decode the same prompts and seeds, interleaved, ``--repeats``
 times each; prints the median ms per image of each, their ratio, the decoding state the engine
 sizes a request by (``memory_per_image``), the share of stream tokens the two agree on (the
 same seeds: equal but where float rounding moves a draw), and tokens per forward of each.
+``--drafter``: the speculative modes draft with a draft model or head (``--depth`` tokens), which
+follows the decoder's vocabulary.
 """
 from __future__ import annotations
 
@@ -22,13 +25,14 @@ PROMPTS = ["a red fox in the snow", "a lighthouse on a cliff at dusk", "a bowl o
            "a cat asleep on a windowsill", "a sailing boat on a calm lake", "a stack of pancakes", "a mountain road"]
 
 
-def run(model, modes, batches, repeats, seed):
+def run(model, modes, batches, repeats, seed, drafter=None, depth=3):
     from ..sampling import DecodeConfig, SpeculativeDecoder
 
     rows = []
     for mode in modes:
-        config = DecodeConfig(mode=mode)
-        decoders = {v: SpeculativeDecoder(model.adapter, config, vocabulary=v) for v in ("full", "compact")}
+        config = DecodeConfig(mode=mode, **({"depth": depth} if drafter is not None else {}))
+        decoders = {v: SpeculativeDecoder(model.adapter, config, drafter=drafter, vocabulary=v)
+                    for v in ("full", "compact")}
         for batch in batches:
             prompts = (PROMPTS * batch)[:batch]
             times = {v: [] for v in decoders}
@@ -67,13 +71,22 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="float32", choices=list(STORAGES))
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--drafter", help="a draft model or draft head folder the speculative modes draft with")
+    ap.add_argument("--depth", type=int, default=3, help="draft tokens per pass with --drafter")
     ap.add_argument("--out", help="also write the rows as JSON here")
     args = ap.parse_args(argv)
     model = load_model(args.model, device=args.device, dtype=args.dtype, width=args.width, height=args.height)
+    drafter = None
+    if args.drafter:
+        from ..loaders.detect import load_drafter
+
+        drafter = load_drafter(args.drafter, model, device=args.device,
+                               dtype=STORAGES[args.dtype].dtype or torch.float32)  # quantized: float32 drafter
     rows, cols = model.adapter.layout.grid
     print(f"# {model.name}, {rows}x{cols} image tokens, {args.dtype} on {args.device}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    rows = run(model, args.modes, args.batch, args.repeats, args.seed)
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+          + (f", drafts from {drafter.name} ({args.depth} a pass)" if drafter else ""))
+    rows = run(model, args.modes, args.batch, args.repeats, args.seed, drafter, args.depth)
     print(f"{'mode':6} {'batch':>5} {'vocab':>15} {'ms/img full':>11} {'compact':>8} {'speedup':>7} "
           f"{'state MB full':>13} {'compact':>8} {'same tokens':>11} {'tok/fwd full':>12} {'compact':>8}")
     for r in rows:

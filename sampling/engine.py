@@ -287,6 +287,8 @@ class SpeculativeDecoder:
             st.ring[:, 0] = probs[:, 0]  # position 0's p: sample-left draws from it
             st.draft_end += 1
             st.host_draft_end = [1] * B
+            if hasattr(self.drafter, "check"):  # checked when built; again to bind it to this decoder's
+                self.drafter.check(ad)  # vocabulary, as one source may serve decoders of both
             if hasattr(self.drafter, "start"):
                 self.drafter.start(st, conditions, negatives, self.guided, config, timer)
             if not self.tree:  # a tree is drafted from the committed prefix at each step

@@ -173,9 +173,9 @@ def test_a_draft_head_drafts_over_the_compact_vocabulary_with_the_whole_ones_tok
                                       vocab=model.adapter.vocab_size)
     source = load_drafter(folder, model)
     tokens = {}
-    for vocabulary in ("compact", "full"):
-        dec = SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3, temperature=0.0), drafter=source,
-                                 vocabulary=vocabulary)
+    decoders = {v: SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3, temperature=0.0),
+                                      drafter=source, vocabulary=v) for v in ("compact", "full")}
+    for vocabulary, dec in decoders.items():  # one source serves both decoders, built before either decodes
         assert isinstance(dec.adapter, CompactVocabulary) == (vocabulary == "compact")
         result = dec.generate(["a fox", "a red panda eating bamboo"], seeds=[2, 3])
         assert all(r.drafter == source.name for r in result.reports)  # greedy: the same drafts stand or fall
@@ -190,13 +190,13 @@ def test_a_draft_model_drafts_over_the_compact_vocabulary_with_the_whole_ones_to
 
     sibling = load_drafter(write_lumina2(tmp_path / "Lumina-mGPT-2.0-sibling", seed=2), lumina2)
     tokens = {}
-    for vocabulary in ("compact", "full"):
-        dec = SpeculativeDecoder(lumina2.adapter, DecodeConfig(mode="sjd", depth=3, temperature=0.0),
-                                 drafter=sibling, vocabulary=vocabulary)
+    decoders = {v: SpeculativeDecoder(lumina2.adapter, DecodeConfig(mode="sjd", depth=3, temperature=0.0),
+                                      drafter=sibling, vocabulary=v) for v in ("compact", "full")}
+    for vocabulary, dec in decoders.items():  # one sibling serves both decoders, built before either decodes
         assert isinstance(dec.adapter, CompactVocabulary) == (vocabulary == "compact")
+        result = dec.generate(["a fox", "a red panda eating bamboo"], seeds=[2, 3])
         assert isinstance(sibling.running, CompactVocabulary) == (vocabulary == "compact")
         assert sibling.running.vocab_size == dec.adapter.vocab_size
-        result = dec.generate(["a fox", "a red panda eating bamboo"], seeds=[2, 3])
         tokens[vocabulary] = (result.tokens, [r.nfe for r in result.reports])
     assert torch.equal(tokens["compact"][0], tokens["full"][0]) and tokens["compact"][1] == tokens["full"][1]
     assert tokens["full"][1][0] < lumina2.adapter.layout.length  # the drafts stood somewhere
