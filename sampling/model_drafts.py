@@ -68,7 +68,8 @@ class ModelDrafts:
         if problems:
             raise ConfigError(f"the {self.name} cannot draft for this model: it has " + "; ".join(problems)
                               + " (a drafter needs the target's codebook and token layout)")
-        self.running = compact(self.adapter) if base is not target else self.adapter
+        if (base is not target) != isinstance(self.running, CompactVocabulary):  # the wrapper is kept
+            self.running = compact(self.adapter) if base is not target else self.adapter
 
     def start(self, st: DecodeState, conditions, negatives, guided: bool, config, timer) -> None:
         """Prefill the drafter with the batch's conditions (called after the target's);
