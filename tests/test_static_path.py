@@ -122,7 +122,8 @@ def test_a_sibling_draft_model_gives_the_eager_tokens_on_the_static_path(familie
         sibling.adapter.decode_path = "eager"
 
 
-@pytest.mark.parametrize("family", ["embedded", "janus", "lumina", "emu3"])
+@pytest.mark.parametrize("family", ["embedded", "llamagen-t2i", "janus", "lumina", "emu3", "liquid", "lumina2",
+                                    "simplear"])
 @pytest.mark.parametrize("shape", ["window", "tree"])
 def test_the_static_forward_compiles_as_one_graph(families, family, shape):
     """``torch.compile(fullgraph=True)`` fails on any graph break (a host synchronisation,
