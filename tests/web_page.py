@@ -15,12 +15,14 @@ websocket go to the server as usual.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import mimetypes
 import os
 import pathlib
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -48,10 +50,15 @@ def chromium(install: bool = True) -> str:
     if install and os.geteuid() == 0 and shutil.which("apt-get"):
         quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ,
                      DEBIAN_FRONTEND="noninteractive"), timeout=900)
-        ok = subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], **quiet).returncode == 0
-        if not ok:  # a fresh machine's package lists may be missing
-            subprocess.run(["apt-get", "update", "-q"], **quiet)
-            subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], **quiet)
+        # one install at a time: a second test worker's apt-get would fail on the first's lock, and
+        # its page tests skip (seen on a fresh machine: 120 skipped); it waits and finds the browser
+        with open(pathlib.Path(tempfile.gettempdir()) / "spec-ar-chromium.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not any(pathlib.Path(p).is_file() for p in ((env,) if env else CHROMIUM_PATHS) if p):
+                ok = subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], **quiet).returncode == 0
+                if not ok:  # a fresh machine's package lists may be missing
+                    subprocess.run(["apt-get", "update", "-q"], **quiet)
+                    subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], **quiet)
         return chromium(install=False)
     raise RuntimeError("no Chromium: install Debian's package (apt-get install chromium) or set CHROMIUM=<path>")
 
