@@ -180,8 +180,7 @@ def compiled_decode(model, config, monkeypatch):
         torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("family", ["embedded", "llamagen-t2i", "janus", "lumina", "emu3", "liquid", "lumina2",
-                                    "simplear"])
+@pytest.mark.parametrize("family", ["embedded", "lumina", "simplear"])  # ours, Chameleon's, Qwen2's blocks
 def test_the_compiled_path_runs_the_blocks_compiled(families, family, monkeypatch):
     """Regional compilation: the repeated blocks run compiled, in a compile or two for the whole
     decode (widths and cache reads symbolic); ``aot_eager`` keeps the arithmetic, so the tokens
@@ -311,14 +310,14 @@ def test_graphs_are_dropped_when_the_weights_move():
 
 
 def test_the_compile_time_bench_times_both_ways(tmp_path, capsys):
-    """``bench/compile_time.py``: both ways at each depth, each a first forward and one of another width."""
+    """``bench/compile_time.py``: both ways, each a first forward and one of another width."""
     import json
 
     from spec_ar.bench import compile_time
 
     out = tmp_path / "compile.json"
-    assert compile_time.main(["--depths", "1", "3", "--dim", "64", "--backend", "aot_eager", "--out", str(out)]) == 0
+    assert compile_time.main(["--depths", "1", "--dim", "64", "--backend", "aot_eager", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["depth"], r["how"]) for r in rows] == [(1, "regional"), (1, "whole"), (3, "regional"), (3, "whole")]
+    assert [(r["depth"], r["how"]) for r in rows] == [(1, "regional"), (1, "whole")]
     assert all(r["first_forward_s"] > 0 and r["graphs"] >= 1 for r in rows)
     assert "regional" in capsys.readouterr().out
