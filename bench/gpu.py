@@ -249,6 +249,8 @@ def _forwards(model, args, reference: dict | None, count: int | None = None) -> 
         step = min(256, context - fed)
         ad.forward(draw(step))
         fed += step
+    # counted uncaptured and uncompiled too: hooks see no module run inside a compiled block or a replay
+    weight_bytes = read_per_forward(ad, model.modules, draw(1))
     if graphs is not None:
         graphs.enabled, ad.decode_path = path in ("graphs", "compiled") and torch.device(device).type == "cuda", path
     out = {"context_tokens": fed, "image_tokens": image}
@@ -256,7 +258,7 @@ def _forwards(model, args, reference: dict | None, count: int | None = None) -> 
     logits = ad.forward(probe)[:, 0].float().cpu()  # [K, L, vocab]: the same tokens for every dtype
     ad.rollback([probe.shape[1]])
     out["live_kv_bytes"] = ad.live_cache_bytes() or 0
-    out["weight_bytes_per_forward"] = read_per_forward(ad, model.modules, draw(1))
+    out["weight_bytes_per_forward"] = weight_bytes
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for w in args.widths:

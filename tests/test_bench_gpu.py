@@ -105,3 +105,21 @@ def test_tree_parents_make_a_tree(n):
     assert parents.shape == (1, n)
     assert all(-1 <= int(p) < i for i, p in enumerate(parents[0]))
     assert int(depths(parents).max()) <= max(1, n).bit_length()
+
+
+def test_the_compiled_paths_floor_counts_the_blocks_it_compiled(tmp_path, monkeypatch):
+    """Hooks see no module run inside a compiled block: the weights a forward reads are counted uncompiled,
+    so the compiled path's floor is the static path's."""
+    from spec_ar.loaders import static_cache
+
+    monkeypatch.setattr(static_cache, "COMPILE_BACKEND", "aot_eager")
+    out = tmp_path / "bench"
+    argv = ["--device", "cpu", "--scale", "0.03", "--models", "janus-pro-7b", "--paths", "static", "compiled",
+            "--widths", "1", "--trees", "3", "--forwards", "1", "--modes", "--out", str(out)]
+    try:
+        assert gpu.main(argv) == 0
+    finally:
+        torch._dynamo.reset()
+    static, compiled = json.loads((out / "results.json").read_text())["forwards"]
+    assert (static["path"], compiled["path"]) == ("static", "compiled")
+    assert compiled["weight_bytes_per_forward"] == static["weight_bytes_per_forward"] > 0
