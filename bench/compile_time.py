@@ -75,13 +75,21 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=pathlib.Path)
     args = ap.parse_args(argv)
-    static_cache.COMPILE_BACKEND = args.backend
-    warnings.filterwarnings("ignore", message=".*force_disable_caches")
+    backend, static_cache.COMPILE_BACKEND = static_cache.COMPILE_BACKEND, args.backend
+    try:
+        return run(args)
+    finally:
+        static_cache.COMPILE_BACKEND = backend
+
+
+def run(args) -> int:
     print(f"torch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, backend {args.backend}, "
           f"width {args.dim}; inductor caches off")
     print(f"{'depth':>5} {'compile':>9} {'first forward s':>16} {'other width s':>14} {'graphs':>7}")
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, torch._inductor.config.patch(force_disable_caches=True):
+    with tempfile.TemporaryDirectory() as tmp, torch._inductor.config.patch(force_disable_caches=True), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*force_disable_caches")
         # the backend's one-time start (imports, toolchain checks) stays out of the first figure
         torch.compile(lambda x: (x * 2).sin(), backend=args.backend)(torch.ones(4, device=args.device))
         torch._dynamo.reset()
