@@ -162,6 +162,22 @@ def test_the_bench_times_both_vocabularies_on_one_model(lumina2_folder, lumina2,
     assert "ms/img full" in capsys.readouterr().out
 
 
+def same_drafted_decodes(model, source, seen=lambda vocabulary, decoder: None):
+    """Greedy decodes over both vocabularies with one draft source, both decoders built before either
+    decodes (the source serves both): the same tokens and forward counts."""
+    tokens = {}
+    decoders = {v: SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3, temperature=0.0),
+                                      drafter=source, vocabulary=v) for v in ("compact", "full")}
+    for vocabulary, dec in decoders.items():
+        assert isinstance(dec.adapter, CompactVocabulary) == (vocabulary == "compact")
+        result = dec.generate(["a fox", "a red panda eating bamboo"], seeds=[2, 3])
+        assert all(r.drafter == source.name for r in result.reports)
+        seen(vocabulary, dec)
+        tokens[vocabulary] = (result.tokens, [r.nfe for r in result.reports])
+    assert torch.equal(tokens["compact"][0], tokens["full"][0]) and tokens["compact"][1] == tokens["full"][1]
+    return tokens["full"][1]
+
+
 def test_a_draft_head_drafts_over_the_compact_vocabulary_with_the_whole_ones_tokens(tmp_path):
     """LANTERN's Anole drafter reads the target's hidden states and feeds the model's ids to its own embedding."""
     from spec_ar.loaders.detect import load_drafter
@@ -171,16 +187,7 @@ def test_a_draft_head_drafts_over_the_compact_vocabulary_with_the_whole_ones_tok
     model = load_model(write_chameleon(tmp_path / "Anole-7b-hf", "anole", seed=1))
     folder = write_lantern_anole_head(tmp_path / "anole_drafter", hidden=32, heads=4, kv_heads=2,
                                       vocab=model.adapter.vocab_size)
-    source = load_drafter(folder, model)
-    tokens = {}
-    decoders = {v: SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3, temperature=0.0),
-                                      drafter=source, vocabulary=v) for v in ("compact", "full")}
-    for vocabulary, dec in decoders.items():  # one source serves both decoders, built before either decodes
-        assert isinstance(dec.adapter, CompactVocabulary) == (vocabulary == "compact")
-        result = dec.generate(["a fox", "a red panda eating bamboo"], seeds=[2, 3])
-        assert all(r.drafter == source.name for r in result.reports)  # greedy: the same drafts stand or fall
-        tokens[vocabulary] = (result.tokens, [r.nfe for r in result.reports])
-    assert torch.equal(tokens["compact"][0], tokens["full"][0]) and tokens["compact"][1] == tokens["full"][1]
+    same_drafted_decodes(model, load_drafter(folder, model))
 
 
 def test_a_draft_model_drafts_over_the_compact_vocabulary_with_the_whole_ones_tokens(lumina2, tmp_path):
@@ -189,14 +196,10 @@ def test_a_draft_model_drafts_over_the_compact_vocabulary_with_the_whole_ones_to
     from spec_ar.loaders.detect import load_drafter
 
     sibling = load_drafter(write_lumina2(tmp_path / "Lumina-mGPT-2.0-sibling", seed=2), lumina2)
-    tokens = {}
-    decoders = {v: SpeculativeDecoder(lumina2.adapter, DecodeConfig(mode="sjd", depth=3, temperature=0.0),
-                                      drafter=sibling, vocabulary=v) for v in ("compact", "full")}
-    for vocabulary, dec in decoders.items():  # one sibling serves both decoders, built before either decodes
-        assert isinstance(dec.adapter, CompactVocabulary) == (vocabulary == "compact")
-        result = dec.generate(["a fox", "a red panda eating bamboo"], seeds=[2, 3])
+
+    def seen(vocabulary, decoder):  # the sibling ran behind the decoder's vocabulary
         assert isinstance(sibling.running, CompactVocabulary) == (vocabulary == "compact")
-        assert sibling.running.vocab_size == dec.adapter.vocab_size
-        tokens[vocabulary] = (result.tokens, [r.nfe for r in result.reports])
-    assert torch.equal(tokens["compact"][0], tokens["full"][0]) and tokens["compact"][1] == tokens["full"][1]
-    assert tokens["full"][1][0] < lumina2.adapter.layout.length  # the drafts stood somewhere
+        assert sibling.running.vocab_size == decoder.adapter.vocab_size
+
+    forwards = same_drafted_decodes(lumina2, sibling, seen)
+    assert forwards[0] < lumina2.adapter.layout.length  # the drafts stood somewhere
