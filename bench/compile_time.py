@@ -37,7 +37,6 @@ def model_of(depth: int, dim: int, folder: pathlib.Path, device: str):
 
 
 def first_forwards(depth: int, dim: int, how: str, backend: str, folder: pathlib.Path, device: str) -> dict:
-
     model = model_of(depth, dim, folder, device)
     ad = model.adapter
     torch._dynamo.reset()

@@ -56,7 +56,7 @@ def _kv_view(kv: StaticKV):
                 return max(self.kv.host_length)
 
             def __len__(self):
-                return len(self.kv.k)
+                return self.kv.K.shape[0]
 
         cls = _VIEWS["cls"] = StaticKVView
     return cls(kv)

@@ -127,14 +127,15 @@ def forward_function(adapter, fn):
 
 
 def compiled_blocks(adapter) -> tuple:
-    """The adapter's repeated blocks (``ModuleList``) and each one compiled, made once per adapter."""
+    """The adapter's repeated blocks (``ModuleList``) and each one compiled, found and made once per
+    adapter (finding them walks every module: 0.4 ms a forward on Janus-Pro-7B at 0.1, 386 modules)."""
     from .storage import repeated_blocks
 
     kept = adapter.__dict__.get("compiled_blocks")
-    blocks = repeated_blocks(adapter.network())
-    if blocks is None:
-        raise RuntimeError(f"{type(adapter).__name__}: no repeated blocks to compile")
-    if kept is None or kept[0] is not blocks:
+    if kept is None:
+        blocks = repeated_blocks(adapter.network())
+        if blocks is None:
+            raise RuntimeError(f"{type(adapter).__name__}: no repeated blocks to compile")
         kept = adapter.compiled_blocks = (blocks, [torch.compile(b, dynamic=True, backend=COMPILE_BACKEND)
                                                     for b in blocks])
     return kept
@@ -171,7 +172,6 @@ class StaticKV:
         shape = (layers, rows, heads, capacity, head_dim)
         self.K = torch.zeros(shape, dtype=dtype, device=device)
         self.V = torch.zeros(shape, dtype=dtype, device=device)
-        self.k, self.v = list(self.K.unbind(0)), list(self.V.unbind(0))  # views by layer
         self.length = torch.zeros(rows, dtype=torch.long, device=device)
         self.offset = torch.zeros(rows, dtype=torch.long, device=device)
         self.host_length = [0] * rows
