@@ -6,7 +6,9 @@ reads the weights once whatever its width, so a window of 32 costs about what
 one token does; on a CPU a batch of 8 is compute-bound and every draft row costs
 its share.  So the engine measures, once per adapter, batch, guidance and decode
 path (:func:`probe`), what a forward and its processing cost at each
-:data:`CANDIDATES` width, and models the tokens a window of ``L`` drafts
+:data:`CANDIDATES` width (the widths taking turns, each keeping its least time:
+on a busy machine one stall during the probe once moved the choice to a width 1.2x
+slower than ``ar``), and models the tokens a window of ``L`` drafts
 commits per forward as ``1 + e * (L / L0) ** SHAPE``: the tokens past the one
 every forward commits grow as a power of the width (Jacobi drafts deep in a
 window have been refined by more passes, so they fare better than one
@@ -73,25 +75,37 @@ def choose(costs: dict[int, float], acceptance: Acceptance, preset: int) -> Choi
                         f"{rate[preset] / 1000:.3f}); ms per forward by window here: {ms}")
 
 
-def probe(adapter, pipeline, batch: int, image_id: int, repeats: int = 2) -> dict[int, float]:
+def probe(adapter, pipeline, batch: int, image_id: int, rounds: int = 3,
+          clock=time.perf_counter) -> dict[int, float]:
     """Seconds per forward (and its processing) at each candidate width, on top of the
-    prefilled cache (rolled back after each): the least of ``repeats``."""
+    prefilled cache (rolled back after each).  The widths take turns for ``rounds`` rounds
+    and each keeps its least time, so a stall of the machine (another process, a page
+    fault) inflates one measurement, not a width's figure; and a width is never taken
+    to cost more than a wider one (:func:`monotone`)."""
     device = adapter.device
     cuda = torch.device(device).type == "cuda"
-    costs = {}
-    for drafts in CANDIDATES:
-        L = drafts + 1
-        tokens = torch.full((batch, L), image_id, dtype=torch.long, device=device)
-        target = torch.arange(1, L + 1, device=device).expand(batch, -1)
-        best = float("inf")
-        for _ in range(repeats):
+    costs = dict.fromkeys(CANDIDATES, float("inf"))
+    for _ in range(rounds):
+        for drafts in CANDIDATES:
+            L = drafts + 1
+            tokens = torch.full((batch, L), image_id, dtype=torch.long, device=device)
+            target = torch.arange(1, L + 1, device=device).expand(batch, -1)
             if cuda:
                 torch.cuda.synchronize(device)
-            start = time.perf_counter()
+            start = clock()
             pipeline(adapter.forward(tokens), target)
             if cuda:
                 torch.cuda.synchronize(device)
-            best = min(best, time.perf_counter() - start)
+            costs[drafts] = min(costs[drafts], clock() - start)
             adapter.rollback([L] * batch)
-        costs[drafts] = best
-    return costs
+    return monotone(costs)
+
+
+def monotone(costs: dict[int, float]) -> dict[int, float]:
+    """``costs`` with each width's cost at most that of any wider one: a forward of fewer
+    tokens does no more work, so a narrow width measured dearer met a stall."""
+    out, least = {}, float("inf")
+    for w in sorted(costs, reverse=True):
+        least = min(least, costs[w])
+        out[w] = least
+    return dict(sorted(out.items()))

@@ -35,6 +35,38 @@ def test_acceptance_is_what_was_observed_at_its_width_and_grows_with_it():
     assert Acceptance(1.0, 16).at(32) == 1.0  # nothing accepted: nothing predicted
 
 
+class StallingModel:
+    """Forwards that cost ``LINEAR`` on a clock of their own, the first at ``stall_at`` drafts
+    taking a second more (the machine busy elsewhere for a moment)."""
+
+    device = "cpu"
+
+    def __init__(self, stall_at: int):
+        self.now, self.stall_at = 0.0, stall_at
+
+    def clock(self) -> float:
+        return self.now
+
+    def forward(self, tokens):
+        drafts = tokens.shape[1] - 1
+        self.now += LINEAR[drafts] + (1.0 if drafts == self.stall_at else 0.0)
+        self.stall_at = None if drafts == self.stall_at else self.stall_at
+
+    def rollback(self, lengths):
+        pass
+
+
+@pytest.mark.parametrize("stall_at", [None, 1, 8, 24])
+def test_a_stall_during_the_probe_changes_no_width_s_cost(stall_at):
+    model = StallingModel(stall_at)
+    costs = window.probe(model, lambda logits, target: None, batch=2, image_id=0, clock=model.clock)
+    assert costs == pytest.approx(LINEAR)
+
+
+def test_a_narrow_width_is_never_taken_to_cost_more_than_a_wider_one():
+    assert window.monotone({1: 0.010, 2: 0.030, 4: 0.020, 8: 0.040}) == {1: 0.010, 2: 0.020, 4: 0.020, 8: 0.040}
+
+
 @pytest.fixture()
 def model():
     return SyntheticAdapter(codebook=64, rows=6, cols=6, end_of_line=True, sharpness=1.5, seed=1)
