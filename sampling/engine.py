@@ -337,10 +337,10 @@ class SpeculativeDecoder:
         key = ("costs", batch, self.guided, ad.decode_path, str(ad.device), ad.vocab_size)
         if key not in profile:
             image_id = int(torch.nonzero(ad.layout.image_tokens)[0])
-            profile[key] = window.probe(ad, self.pipeline, batch, image_id)
+            profile[key] = window.probe(ad, self.pipeline, batch, image_id, depth=ad.layout.length // 2)
         drafting = "independent" if self.config.draft_coupling == "none" else "coupled"
         return window.choose(profile[key], window.Acceptance(window.PRIOR[drafting], self.config.window),
-                             self.config.window)
+                             self.config.window, batch)
 
     def _memory_mb(self, st: DecodeState, timer: "Timer") -> float:
         if timer.cuda:

@@ -27,6 +27,20 @@ def test_the_preset_stays_unless_another_width_is_clearly_faster():
     assert choose(nearly, Acceptance(5.6, 24), preset=24).width == 24
 
 
+def test_a_batch_waits_for_its_slowest_image():
+    spread = [window.straggle(b) for b in (1, 2, 8, 32)]
+    assert spread[0] == 0.0 and spread == sorted(spread)
+    assert spread[2] == pytest.approx(1.42 * window.SPREAD, abs=0.02)  # the largest of 8 normal draws: 1.42 sd
+
+
+def test_the_slowest_image_narrows_a_window_whose_forwards_cost():
+    between = {w: 0.010 + 0.001 * (w + 1) for w in window.CANDIDATES}  # fixed cost, and 1 ms a row
+    assert choose(between, Acceptance(6.0, 24), preset=24, batch=1).width == 24
+    narrow = choose(between, Acceptance(6.0, 24), preset=24, batch=8)
+    assert narrow.width < 24 and "for a batch of 8, whose slowest image sets the forwards" in narrow.reason
+    assert choose(FLAT, Acceptance(6.0, 24), preset=24, batch=64).width >= 24  # a forward costs the same: stays wide
+
+
 def test_acceptance_is_what_was_observed_at_its_width_and_grows_with_it():
     a = Acceptance(4.0, 16)
     assert a.at(16) == pytest.approx(4.0)
@@ -61,6 +75,38 @@ def test_a_stall_during_the_probe_changes_no_width_s_cost(stall_at):
     model = StallingModel(stall_at)
     costs = window.probe(model, lambda logits, target: None, batch=2, image_id=0, clock=model.clock)
     assert costs == pytest.approx(LINEAR)
+
+
+class CacheLength(StallingModel):
+    """Records the cache length each forward starts from."""
+
+    def __init__(self):
+        super().__init__(stall_at=None)
+        self.length, self.starts = 0, []
+
+    def forward(self, tokens):
+        self.starts.append((self.length, tokens.shape[1]))
+        self.length += tokens.shape[1]
+        self.now += 0.001
+
+    def rollback(self, lengths):
+        self.length -= lengths[0]
+
+
+def test_the_probe_times_forwards_halfway_down_the_image_and_leaves_the_cache_as_it_was():
+    model = CacheLength()
+    window.probe(model, lambda logits, target: None, batch=2, image_id=0, depth=100, clock=model.clock)
+    timed = model.starts[-3 * len(window.CANDIDATES):]
+    assert {start for start, _ in timed} == {100}  # every width, every round, on 100 more cached tokens
+    assert sorted({width - 1 for _, width in timed}) == list(window.CANDIDATES)
+    assert model.length == 0
+
+
+def test_a_decode_probes_on_half_its_image(model, monkeypatch):
+    depths = []
+    monkeypatch.setattr(window, "probe", lambda *a, depth=0, **k: depths.append(depth) or LINEAR)
+    SpeculativeDecoder(model, DecodeConfig(mode="sjd")).generate([0], seeds=1)
+    assert depths == [model.layout.length // 2]
 
 
 def test_a_narrow_width_is_never_taken_to_cost_more_than_a_wider_one():
@@ -100,7 +146,7 @@ def test_a_set_window_is_kept_and_nothing_is_measured(model, monkeypatch):
 
 
 def test_the_chosen_width_gives_the_tokens_of_that_width_set_by_hand(model, monkeypatch):
-    monkeypatch.setattr(window, "probe", lambda adapter, pipeline, batch, image_id: LINEAR)
+    monkeypatch.setattr(window, "probe", lambda adapter, pipeline, batch, image_id, **depth: LINEAR)
     auto = SpeculativeDecoder(model, DecodeConfig(mode="sjd")).generate([0, 1], seeds=7)
     width = auto.reports[0].settings["window"]
     assert width <= 4
