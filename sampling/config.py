@@ -147,7 +147,7 @@ class DecodeConfig:
         None, symbol="L", label="window", uses=("jacobi",), lo=1, hi=256, step=1, optional=True,
         unset="auto: the width that commits the most tokens per second on this device, from forward costs "
               "measured once per model and batch; 24 with coupled drafts and 16 without (SJD's) unless another "
-              "is predicted 15 % faster",
+              "is predicted 15 % faster, or plain AR steps where no window is",
         help="draft tokens scored per forward (SJD's independent drafts gain little past 16; coupled ones keep "
              "gaining to 32, which costs about 11 % more engine time per forward than SJD's window against 4 % at "
              "24 for 1 % more tokens per forward)")

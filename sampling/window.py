@@ -37,8 +37,9 @@ from typing import NamedTuple
 
 import torch
 
-#: draft widths considered (a window of L drafts scores L + 1 tokens per forward)
-CANDIDATES = (1, 2, 4, 8, 16, 24, 32)
+#: draft widths considered (a window of L drafts scores L + 1 tokens per forward; 0: plain AR steps, where no
+#: window pays, as on a device whose every row costs its full share)
+CANDIDATES = (0, 1, 2, 4, 8, 16, 24, 32)
 #: how much faster (predicted) another width must be than the preset to replace it
 GAIN = 1.15
 #: how the tokens past the first grow with the width (see the module docstring)
@@ -83,15 +84,17 @@ def choose(costs: dict[int, float], acceptance: Acceptance, preset: int, batch: 
     :data:`GAIN` times faster.  ``costs``: seconds per forward by width.  A batch's forwards are
     its slowest image's, :func:`straggle` more per token than its mean image's, which weighs
     most where forwards cost most (wide windows on a compute-bound device)."""
-    per_forward = {w: 1.0 / (1.0 / acceptance.at(w) + straggle(batch)) for w in costs}
+    # plain AR steps commit one token per forward for every image alike: no image waits for another
+    per_forward = {w: 1.0 / (1.0 / acceptance.at(w) + (straggle(batch) if w else 0.0)) for w in costs}
     rate = {w: per_forward[w] / c for w, c in costs.items()}
     best = max(rate, key=rate.get)
     if preset in rate and rate[best] < GAIN * rate[preset]:
         best = preset
     ms = ", ".join(f"{w}: {1000 * c:.2f}" for w, c in sorted(costs.items()))
     slowest = (f" ({per_forward[best]:.2f} for a batch of {batch}, whose slowest image sets the forwards)"
-               if batch > 1 else "")
-    return Choice(best, f"window {best} on auto: {acceptance.at(best):.2f} tokens per forward{slowest} of "
+               if batch > 1 and best else "")
+    ar = "plain AR steps (no window is predicted faster here), " if best == 0 else ""
+    return Choice(best, f"window {best} on auto: {ar}{acceptance.at(best):.2f} tokens per forward{slowest} of "
                         f"{1000 * costs[best]:.2f} ms predicted, {rate[best] / 1000:.3f} tokens/ms (window {preset}: "
                         f"{rate[preset] / 1000:.3f}); ms per forward by window here: {ms}")
 

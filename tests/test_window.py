@@ -22,6 +22,15 @@ def test_a_compute_bound_device_narrows_the_window():
     assert choose(LINEAR, Acceptance(5.6, 24), preset=24).width <= 4
 
 
+FULL = {w: 0.001 * (w + 1) for w in window.CANDIDATES}  # every row costs its full share: no window pays
+
+
+def test_where_no_window_pays_plain_ar_steps_are_chosen():
+    for batch in (1, 8):
+        choice = choose(FULL, Acceptance(6.0, 24), preset=24, batch=batch)
+        assert choice.width == 0 and "plain AR steps" in choice.reason
+
+
 def test_the_preset_stays_unless_another_width_is_clearly_faster():
     nearly = {**FLAT, 32: 0.0105}  # 32 commits 16 % more per forward and costs 5 % more: 11 % faster
     assert choose(nearly, Acceptance(5.6, 24), preset=24).width == 24
@@ -44,8 +53,9 @@ def test_the_slowest_image_narrows_a_window_whose_forwards_cost():
 def test_acceptance_is_what_was_observed_at_its_width_and_grows_with_it():
     a = Acceptance(4.0, 16)
     assert a.at(16) == pytest.approx(4.0)
-    values = [a.at(w) for w in window.CANDIDATES]
+    values = [a.at(w) for w in window.CANDIDATES if w]
     assert values == sorted(values) and values[0] > 1.0
+    assert a.at(0) == 1.0  # plain AR steps: one token per forward
     assert Acceptance(1.0, 16).at(32) == 1.0  # nothing accepted: nothing predicted
 
 
@@ -152,3 +162,15 @@ def test_the_chosen_width_gives_the_tokens_of_that_width_set_by_hand(model, monk
     assert width <= 4
     by_hand = SpeculativeDecoder(model, DecodeConfig(mode="sjd", window=width)).generate([0, 1], seeds=7)
     assert (auto.tokens == by_hand.tokens).all()
+
+
+@pytest.mark.parametrize("mode", ["sjd", "gsd", "lantern", "vvs"])
+def test_plain_ar_steps_on_auto_give_the_image_ar_gives(model, monkeypatch, mode):
+    monkeypatch.setattr(window, "probe", lambda *a, **k: FULL)
+    relaxed = {"lantern_k": 10} if mode in ("lantern", "vvs") else {}
+    auto = SpeculativeDecoder(model, DecodeConfig(mode=mode, **relaxed)).generate([0, 1], seeds=[7, 8])
+    ar = SpeculativeDecoder(model, DecodeConfig(mode="ar")).generate([0, 1], seeds=[7, 8])
+    assert (auto.tokens == ar.tokens).all()
+    report = auto.reports[0]
+    assert report.nfe == report.tokens and report.settings["window"] == 0
+    assert "plain AR steps" in report.summary() and report.window_choice.startswith("window 0 on auto")
