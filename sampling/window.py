@@ -6,10 +6,10 @@ reads the weights once whatever its width, so a window of 32 costs about what
 one token does; on a CPU a batch of 8 is compute-bound and every draft row costs
 its share.  So the engine measures, once per adapter, batch, guidance and decode
 path (:func:`probe`), what a forward and its processing cost at each
-:data:`CANDIDATES` width halfway down the image (the widths taking turns, each
-keeping its least time: on a busy machine one stall during the probe once moved
-the choice to a width 1.2x slower than ``ar``), and models the tokens a window of ``L`` drafts
-commits per forward as ``1 + e * (L / L0) ** SHAPE``: the tokens past the one
+:data:`CANDIDATES` width (halfway down the image where that costs more; the
+widths taking turns, each keeping its least time: on a busy machine one stall
+during the probe once moved the choice to a width 1.2x slower than ``ar``), and
+models the tokens a window of ``L`` drafts commits per forward as ``1 + e * (L / L0) ** SHAPE``: the tokens past the one
 every forward commits grow as a power of the width (Jacobi drafts deep in a
 window have been refined by more passes, so they fare better than one
 acceptance rate per draft would say).  ``SHAPE`` was measured on the embedded
@@ -99,22 +99,26 @@ def choose(costs: dict[int, float], acceptance: Acceptance, preset: int, batch: 
                         f"{rate[preset] / 1000:.3f}); ms per forward by window here: {ms}")
 
 
-def probe(adapter, pipeline, batch: int, image_id: int, depth: int = 0, rounds: int = 3,
+def probe(adapter, pipeline, batch: int, image_id: int, depth: int = 0, rounds: int = 3, budget: float = 2.0,
           clock=time.perf_counter) -> dict[int, float]:
     """Seconds per forward (and its processing) at each candidate width, on top of the
-    prefilled cache and ``depth`` more tokens (the engine passes half the image: a forward
-    reads the cache it has, so a wide window costs more late in the image than early;
-    the middle is the average), all rolled back after.  The widths take turns for
-    ``rounds`` rounds and each keeps its least time, so a stall of the machine (another
-    process, a page fault) inflates one measurement, not a width's figure; and a width is
-    never taken to cost more than a wider one (:func:`monotone`)."""
+    prefilled cache and ``depth`` more tokens put in by one forward (the engine passes half
+    the image where a forward's cost grows with the cache it reads: the middle is the
+    average), all rolled back after.  The widths take turns for up to ``rounds`` rounds and
+    each keeps its least time, so a stall of the machine (another process, a page fault)
+    inflates one measurement, not a width's figure; a round starts only within ``budget``
+    seconds (forwards that take seconds, as an offloaded model's, are measured once: a stall
+    is small beside them).  A width is never taken to cost more than a wider one
+    (:func:`monotone`)."""
     device = adapter.device
     cuda = torch.device(device).type == "cuda"
-    chunk = max(CANDIDATES) + 1  # the cache is filled at a width the probe runs anyway (one graph less)
-    for start in range(0, depth, chunk):
-        adapter.forward(torch.full((batch, min(chunk, depth - start)), image_id, dtype=torch.long, device=device))
+    if depth:
+        adapter.forward(torch.full((batch, depth), image_id, dtype=torch.long, device=device))
     costs = dict.fromkeys(CANDIDATES, float("inf"))
+    began = clock()
     for _ in range(rounds):
+        if clock() - began > budget:
+            break
         for drafts in CANDIDATES:
             L = drafts + 1
             tokens = torch.full((batch, L), image_id, dtype=torch.long, device=device)

@@ -112,11 +112,21 @@ def test_the_probe_times_forwards_halfway_down_the_image_and_leaves_the_cache_as
     assert model.length == 0
 
 
-def test_a_decode_probes_on_half_its_image(model, monkeypatch):
+def test_forwards_that_take_seconds_are_measured_once():
+    model = CacheLength()
+    model.forward = lambda tokens: setattr(model, "now", model.now + 1.5)  # an offloaded model's forwards
+    costs = window.probe(model, lambda logits, target: None, batch=1, image_id=0, clock=model.clock)
+    assert model.now == pytest.approx(1.5 * len(window.CANDIDATES))
+    assert all(c == pytest.approx(1.5) for c in costs.values())
+
+
+@pytest.mark.parametrize("path,halfway", [("eager", True), ("static", True), ("graphs", False), ("compiled", False)])
+def test_a_decode_probes_halfway_down_its_image_unless_forwards_are_captured(model, monkeypatch, path, halfway):
     depths = []
     monkeypatch.setattr(window, "probe", lambda *a, depth=0, **k: depths.append(depth) or LINEAR)
+    monkeypatch.setattr(model, "decode_path", path, raising=False)
     SpeculativeDecoder(model, DecodeConfig(mode="sjd")).generate([0], seeds=1)
-    assert depths == [model.layout.length // 2]
+    assert depths == [model.layout.length // 2 if halfway else 0]
 
 
 def test_a_narrow_width_is_never_taken_to_cost_more_than_a_wider_one():
