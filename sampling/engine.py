@@ -337,11 +337,7 @@ class SpeculativeDecoder:
         key = ("costs", batch, self.guided, ad.decode_path, str(ad.device), ad.vocab_size)
         if key not in profile:
             image_id = int(torch.nonzero(ad.layout.image_tokens)[0])
-            # halfway down the image, where a forward's cost grows with the cache it reads (compute-bound);
-            # not where forwards are captured as graphs (CUDA: memory-bound, the weights' read dominates,
-            # and a forward over half the image would capture a graph of its own)
-            depth = 0 if ad.decode_path in ("graphs", "compiled") else ad.layout.length // 2
-            profile[key] = window.probe(ad, self.pipeline, batch, image_id, depth=depth)
+            profile[key] = window.probe(ad, self.pipeline, batch, image_id)
         drafting = "independent" if self.config.draft_coupling == "none" else "coupled"
         return window.choose(profile[key], window.Acceptance(window.PRIOR[drafting], self.config.window),
                              self.config.window, batch)

@@ -6,11 +6,11 @@ reads the weights once whatever its width, so a window of 32 costs about what
 one token does; on a CPU a batch of 8 is compute-bound and every draft row costs
 its share.  So the engine measures, once per adapter, batch, guidance and decode
 path (:func:`probe`), what a forward and its processing cost at each
-:data:`CANDIDATES` width (halfway down the image where that costs more; the
-widths taking turns, each keeping its least time: on a busy machine one stall
-during the probe once moved the choice to a width 1.2x slower than ``ar``), and
-models the tokens a window of ``L`` drafts commits per forward as ``1 + e * (L / L0) ** SHAPE``: the tokens past the one
-every forward commits grow as a power of the width (Jacobi drafts deep in a
+:data:`CANDIDATES` width (the widths taking turns, each keeping its least time:
+on a busy machine one stall during the probe once moved the choice to a width
+1.2x slower than ``ar``), and models the tokens a window of ``L`` drafts commits
+per forward as ``1 + e * (L / L0) ** SHAPE``: the tokens past the one every
+forward commits grow as a power of the width (Jacobi drafts deep in a
 window have been refined by more passes, so they fare better than one
 acceptance rate per draft would say).  ``SHAPE`` was measured on the embedded
 model (batch 8, coupled drafts: 1.63, 1.97, 2.52, 3.41, 4.86 and 5.61 tokens
@@ -99,12 +99,12 @@ def choose(costs: dict[int, float], acceptance: Acceptance, preset: int, batch: 
                         f"{rate[preset] / 1000:.3f}); ms per forward by window here: {ms}")
 
 
-def probe(adapter, pipeline, batch: int, image_id: int, depth: int = 0, rounds: int = 3, budget: float = 2.0,
+def probe(adapter, pipeline, batch: int, image_id: int, rounds: int = 3, budget: float = 2.0,
           clock=time.perf_counter) -> dict[int, float]:
     """Seconds per forward (and its processing) at each candidate width, on top of the
-    prefilled cache and ``depth`` more tokens put in by one forward (the engine passes half
-    the image where a forward's cost grows with the cache it reads: the middle is the
-    average), all rolled back after.  The widths take turns for up to ``rounds`` rounds and
+    prefilled cache (rolled back after each; the cache a forward reads grows along the image,
+    but on the embedded model at batch 16 half an image more moved no width's cost beyond
+    the noise, docs/benchmarks.md).  The widths take turns for up to ``rounds`` rounds and
     each keeps its least time, so a stall of the machine (another process, a page fault)
     inflates one measurement, not a width's figure; a round starts only within ``budget``
     seconds (forwards that take seconds, as an offloaded model's, are measured once: a stall
@@ -112,8 +112,6 @@ def probe(adapter, pipeline, batch: int, image_id: int, depth: int = 0, rounds: 
     (:func:`monotone`)."""
     device = adapter.device
     cuda = torch.device(device).type == "cuda"
-    if depth:
-        adapter.forward(torch.full((batch, depth), image_id, dtype=torch.long, device=device))
     costs = dict.fromkeys(CANDIDATES, float("inf"))
     began = clock()
     for _ in range(rounds):
@@ -122,7 +120,7 @@ def probe(adapter, pipeline, batch: int, image_id: int, depth: int = 0, rounds: 
         for drafts in CANDIDATES:
             L = drafts + 1
             tokens = torch.full((batch, L), image_id, dtype=torch.long, device=device)
-            target = torch.arange(depth + 1, depth + L + 1, device=device).expand(batch, -1)
+            target = torch.arange(1, L + 1, device=device).expand(batch, -1)
             if cuda:
                 torch.cuda.synchronize(device)
             start = clock()
@@ -131,8 +129,6 @@ def probe(adapter, pipeline, batch: int, image_id: int, depth: int = 0, rounds: 
                 torch.cuda.synchronize(device)
             costs[drafts] = min(costs[drafts], clock() - start)
             adapter.rollback([L] * batch)
-    if depth:
-        adapter.rollback([depth] * batch)
     return monotone(costs)
 
 
