@@ -112,15 +112,14 @@ def probe(adapter, pipeline, batch: int, image_id: int, rounds: int = 3, budget:
     (:func:`monotone`)."""
     device = adapter.device
     cuda = torch.device(device).type == "cuda"
+    inputs = {drafts: (torch.full((batch, drafts + 1), image_id, dtype=torch.long, device=device),
+                       torch.arange(1, drafts + 2, device=device).expand(batch, -1)) for drafts in CANDIDATES}
     costs = dict.fromkeys(CANDIDATES, float("inf"))
     began = clock()
     for _ in range(rounds):
         if clock() - began > budget:
             break
-        for drafts in CANDIDATES:
-            L = drafts + 1
-            tokens = torch.full((batch, L), image_id, dtype=torch.long, device=device)
-            target = torch.arange(1, L + 1, device=device).expand(batch, -1)
+        for drafts, (tokens, target) in inputs.items():
             if cuda:
                 torch.cuda.synchronize(device)
             start = clock()
@@ -128,7 +127,7 @@ def probe(adapter, pipeline, batch: int, image_id: int, rounds: int = 3, budget:
             if cuda:
                 torch.cuda.synchronize(device)
             costs[drafts] = min(costs[drafts], clock() - start)
-            adapter.rollback([L] * batch)
+            adapter.rollback([drafts + 1] * batch)
     return monotone(costs)
 
 

@@ -39,7 +39,7 @@ def test_the_preset_stays_unless_another_width_is_clearly_faster():
 def test_a_batch_waits_for_its_slowest_image():
     spread = [window.straggle(b) for b in (1, 2, 8, 32)]
     assert spread[0] == 0.0 and spread == sorted(spread)
-    assert spread[2] == pytest.approx(1.42 * window.SPREAD, abs=0.02)  # the largest of 8 normal draws: 1.42 sd
+    assert spread[2] == pytest.approx(1.42 * window.SPREAD, rel=0.02)  # the largest of 8 normal draws: 1.42 sd
 
 
 def test_the_slowest_image_narrows_a_window_whose_forwards_cost():
