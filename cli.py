@@ -106,12 +106,24 @@ def _download(args) -> int:
             print(f"{r.name:{width}s} {'on disk' if r.name in have else '-':8s} {r.what}")
         return 0 if args.list else 2
 
+    shown = []  # whether the progress line is on the screen, to be ended before anything else is printed
+
     def progress(done, total):
         if total:
-            print(f"\r{args.name}: {done / 2**20:.1f} of {total / 2**20:.1f} MB", end="", file=sys.stderr)
+            print(f"\r{args.name}: {done / 2**20:.1f} of {total / 2**20:.1f} MB", end="", file=sys.stderr, flush=True)
+            shown[:] = [True]
 
-    folder = downloads.download(args.name, root, endpoint=args.endpoint, progress=progress)
-    print(f"\n{folder}", file=sys.stderr)
+    try:
+        folder = downloads.download(args.name, root, endpoint=args.endpoint, progress=progress)
+    except BaseException as err:
+        if shown:
+            print(file=sys.stderr)
+        if isinstance(err, KeyboardInterrupt):
+            print(f"{args.name}: stopped; what arrived is kept and resumes: run the same command again",
+                  file=sys.stderr)
+        raise
+    if shown:
+        print(file=sys.stderr)
     print(folder)
     return 0
 
@@ -212,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(run=_batch)
     dl = sub.add_parser("download", help="fetch a known release from the Hugging Face hub into the model folder")
     dl.add_argument("name", nargs="?", help="the release (spec-ar download --list names them)")
-    dl.add_argument("--list", action="store_true", help="the known releases, and which are on disk")
+    dl.add_argument("--list", action="store_true", help="the known releases, and which are on disk (downloaded whole "
+                                                        "and verified)")
     dl.add_argument("--to", help="the model folder (default: ComfyUI's models/spec_ar when the pack sits in "
                                  "custom_nodes, else ./models/spec_ar; SPEC_AR_MODELS overrides)")
     dl.add_argument("--endpoint", help="another hub than huggingface.co (default: HF_ENDPOINT or the hub)")

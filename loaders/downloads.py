@@ -1,20 +1,32 @@
 """Models on first use: the known releases, fetched from the Hugging Face hub into the
 pack's model folder.
 
-:data:`RELEASES` names each release the loader offers (its hub repository, the files
-the loader needs of it, and what it is).  :func:`download` fetches one with
-huggingface_hub into ``<root>/<name>.partial/`` (huggingface_hub resumes an
-interrupted file from where it stopped), checks it (every expected file present,
-every safetensors header readable, every torch archive a whole zip), and only then
-renames it to ``<root>/<name>/``: a folder under the release's own name is always
-complete, and a later run never takes half a download for a model.  What goes wrong
-is one :class:`DownloadError` naming the release and what to do: no network, a gated
-repository (a token), a full disk, a file that arrived damaged.
+:data:`RELEASES` names each release the loader offers: its hub repositories and, of each, the
+files its loader opens (``files``: every one must be there), the files it reads when they are
+there (``optional``: fetched when the repository has them) and, for a transformers folder, its
+weights (``model.safetensors``, or the index and every shard the index names).  Nothing else of
+a repository is fetched.
+
+:func:`download` lists each repository at one commit (the hub's tree API: every file's size and
+the hash the hub keeps of it) and checks that everything required is there before fetching
+anything large.  The files then come one at a time, in the calling thread (one Ctrl-C stops the
+download at once), into ``<root>/<name>.partial/``: each streams into ``FILE.incomplete``, which
+a later run resumes with a byte-range request; a whole file is checked against the hub's hash
+(sha256 for LFS files, the git blob sha1 for the others) and, for weights, its safetensors
+header or torch archive, and only then takes its name.  A file that does not match is deleted
+and named.  When all are there the folder gets :data:`RECORD` (the repositories, commits, files,
+sizes and hashes verified) and is renamed ``<root>/<name>/``.  A release is on disk
+(:func:`present`) when its folder holds that record and the files it names at their sizes; a
+folder without one (a copy stopped half-way, an older download) goes back to ``.partial`` on the
+next download, which keeps the files that verify and fetches the rest.  What goes wrong is one
+:class:`DownloadError` naming the release, the repository or file, and what to do.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
-import fnmatch
+import hashlib
+import json
 import os
 import pathlib
 import shutil
@@ -24,6 +36,14 @@ from typing import Callable
 
 #: the loader's label for a release that is not on disk yet
 PREFIX = "download: "
+#: what a verified download leaves in its folder: the release is complete when it is there
+RECORD = "spec_ar_download.json"
+INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
+TORCH_ARCHIVES = (".pt", ".pth", ".ckpt", ".bin", ".jit")  # zip files when whole
+_REPORT_EVERY = 2**20  # bytes between two progress reports
+#: what a connection that failed raises (httpx's, httpx2's and requests' errors, by class name)
+_TRANSPORT = {"TransportError", "ConnectionError", "RequestException"}
+_RETRIES = 3  # a connection that broke after bringing bytes is resumed at once this often
 
 
 class DownloadError(RuntimeError):
@@ -33,7 +53,9 @@ class DownloadError(RuntimeError):
 @dataclass(frozen=True)
 class Source:
     repo: str  # the hub repository
-    files: tuple[str, ...]  # file names or patterns (fnmatch) the loader reads
+    files: tuple[str, ...]  # what the loader opens: each must be in the repository
+    optional: tuple[str, ...] = ()  # what the loader reads when there: fetched if the repository has it
+    weights: bool = False  # transformers weights: model.safetensors, or its index and every shard it names
 
 
 @dataclass(frozen=True)
@@ -45,10 +67,24 @@ class Release:
     gated: bool = False  # the hub asks for a token (and the licence accepted on the repository's page)
 
 
-_HF = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken")  # a transformers folder
+#: what transformers reads beside a folder's config, tokenizer and weights when it is there
+_EXTRAS = ("generation_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+           "chat_template.json", "preprocessor_config.json", "processor_config.json")
+_FAST = ("tokenizer.json", "tokenizer_config.json")  # a tokenizers file: what the loaders read (no sentencepiece)
+_BPE = ("vocab.json", "merges.txt", "tokenizer_config.json")  # byte-level BPE, there whether saved slow or fast
+
+
+def _hf(repo: str, tokenizer=_FAST, extras=()) -> Source:
+    """A transformers folder: config, tokenizer, weights."""
+    return Source(repo, ("config.json", *tokenizer), _EXTRAS + tuple(extras), weights=True)
+
+
 _HEAD = ("config.json", "pytorch_model.bin")  # a LANTERN draft head
 _VQGAN = Source("GAIR/Anole-7b-v0.1", ("tokenizer/vqgan.yaml", "tokenizer/vqgan.ckpt"))  # Meta's VQGAN
 _COSMOS = Source("nvidia/Cosmos-1.0-Tokenizer-DV8x16x16", ("decoder.jit",))  # SimpleAR's image tokenizer
+# Lumina-mGPT's tokenizer ships only with the 768 px release; the authors' code reads it from there for
+# every size (FlexARItemProcessor's tokenizer="Alpha-VLLM/Lumina-mGPT-7B-768")
+_LUMINA_TOKENIZER = Source("Alpha-VLLM/Lumina-mGPT-7B-768", _FAST, ("special_tokens_map.json",))
 
 RELEASES = {r.name: r for r in (
     Release("LlamaGen-c2i-B-256", "llamagen", "LlamaGen-B class-conditional, 256 px, with its VQ tokenizer",
@@ -63,28 +99,30 @@ RELEASES = {r.name: r for r in (
     Release("LlamaGen-t2i-XL-512", "llamagen", "LlamaGen-XL text-to-image, 512 px, with its VQ tokenizer "
             "(needs flan-t5-xl as its text encoder)",
             (Source("peizesun/llamagen_t2i", ("t2i_XL_stage2_512.pt", "vq_ds16_t2i.pt")),)),
-    Release("flan-t5-xl", "t5", "the text encoder of LlamaGen text-to-image",
-            (Source("google/flan-t5-xl", ("*.json", "spiece.model", "*.safetensors")),)),
+    Release("flan-t5-xl", "t5", "the text encoder of LlamaGen text-to-image", (_hf("google/flan-t5-xl"),)),
     Release("Janus-Pro-1B", "janus", "Janus-Pro 1B, 384 px (decoder included)",
-            (Source("deepseek-community/Janus-Pro-1B", _HF),)),
+            (_hf("deepseek-community/Janus-Pro-1B"),)),
     Release("Janus-Pro-7B", "janus", "Janus-Pro 7B, 384 px (decoder included)",
-            (Source("deepseek-community/Janus-Pro-7B", _HF),)),
+            (_hf("deepseek-community/Janus-Pro-7B"),)),
     Release("Lumina-mGPT-7B-512", "lumina", "Lumina-mGPT 7B, 512 px, with Meta's VQGAN",
-            (Source("Alpha-VLLM/Lumina-mGPT-7B-512", _HF), _VQGAN)),
+            (Source("Alpha-VLLM/Lumina-mGPT-7B-512", ("config.json",), ("generation_config.json",), weights=True),
+             _LUMINA_TOKENIZER, _VQGAN)),
     Release("Lumina-mGPT-7B-768", "lumina", "Lumina-mGPT 7B, 768 px, with Meta's VQGAN",
-            (Source("Alpha-VLLM/Lumina-mGPT-7B-768", _HF), _VQGAN)),
+            (_hf("Alpha-VLLM/Lumina-mGPT-7B-768"), _VQGAN)),
     Release("Anole-7b-v0.1", "anole", "Anole 7B (Meta's layout), with Meta's VQGAN",
-            (Source("GAIR/Anole-7b-v0.1", ("models/7b/*", "tokenizer/*")),)),
+            (Source("GAIR/Anole-7b-v0.1", ("models/7b/params.json", "models/7b/consolidated.pth",
+                                           "tokenizer/text_tokenizer.json", "tokenizer/vqgan.yaml",
+                                           "tokenizer/vqgan.ckpt"), ("models/7b/consolidate_params.json",)),)),
     Release("Emu3-Gen-hf", "emu3", "Emu3-Gen 8B, 720 px (decoder included)",
-            (Source("Emu3-community/Emu3-Gen-hf", _HF),)),
+            (_hf("Emu3-community/Emu3-Gen-hf", _BPE, ("tokenizer.json",)),)),
     Release("Liquid_V1_7B", "liquid", "Liquid 7B (on Gemma-7B), 512 px, with Meta's VQGAN",
-            (Source("Junfeng5/Liquid_V1_7B", _HF), _VQGAN)),
+            (_hf("Junfeng5/Liquid_V1_7B"), _VQGAN)),
     Release("Lumina-mGPT-2.0", "lumina2", "Lumina-mGPT 2.0 7B, 768 px, with SBER-MoVQGAN 270M",
-            (Source("Alpha-VLLM/Lumina-mGPT-2.0", _HF), Source("ai-forever/MoVQGAN", ("movqgan_270M.ckpt",)))),
+            (_hf("Alpha-VLLM/Lumina-mGPT-2.0"), Source("ai-forever/MoVQGAN", ("movqgan_270M.ckpt",)))),
     Release("SimpleAR-0.5B-RL", "simplear", "SimpleAR 0.5B (on Qwen2.5, RL-tuned), 1024 px, with NVIDIA's Cosmos "
-            "DV8x16x16 tokenizer", (Source("Daniel0724/SimpleAR-0.5B-RL", _HF), _COSMOS)),
+            "DV8x16x16 tokenizer", (_hf("Daniel0724/SimpleAR-0.5B-RL", _BPE, ("tokenizer.json",)), _COSMOS)),
     Release("SimpleAR-1.5B-RL", "simplear", "SimpleAR 1.5B (on Qwen2.5, RL-tuned), 1024 px, with NVIDIA's Cosmos "
-            "DV8x16x16 tokenizer", (Source("Daniel0724/SimpleAR-1.5B-RL", _HF), _COSMOS)),
+            "DV8x16x16 tokenizer", (_hf("Daniel0724/SimpleAR-1.5B-RL", _BPE, ("tokenizer.json",)), _COSMOS)),
     # LANTERN's trained draft heads (jadohu/LANTERN's README: config.json and pytorch_model.bin each)
     Release("LANTERN-drafter-LlamaGen-t2i-XL-256", "drafter",
             "LANTERN's draft head for LlamaGen-XL text-to-image stage I, 256 px (LlamaGen-t2i-XL-256)",
@@ -98,8 +136,26 @@ RELEASES = {r.name: r for r in (
 
 
 def present(root: pathlib.Path) -> set[str]:
-    """The releases already complete under ``root``."""
-    return {name for name in RELEASES if (pathlib.Path(root) / name).is_dir()}
+    """The releases complete under ``root``: their folder holds the record of a verified
+    download and the files it names, at their sizes."""
+    root = pathlib.Path(root)
+    return {name for name, r in RELEASES.items() if recorded(root / name, r) is not None}
+
+
+def recorded(folder: pathlib.Path, release: Release) -> dict | None:
+    """The record of ``folder``'s verified download of ``release`` when its files are all there
+    at the sizes it names; None otherwise."""
+    try:
+        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        if [s["repo"] for s in record["sources"]] != [s.repo for s in release.sources] or not record["files"]:
+            return None  # another release's, or the release changed since
+        for path, meta in record["files"].items():
+            f = folder / path
+            if not f.is_file() or f.stat().st_size != meta["size"]:
+                return None
+        return record
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def kind_of(release: Release) -> str:
@@ -123,115 +179,355 @@ def download(name: str, root, endpoint: str | None = None, token: str | None = N
              progress: Callable[[int, int], None] | None = None) -> pathlib.Path:
     """Fetch release ``name`` into ``root / name`` (see the module docstring) and return that
     folder; a complete one already there is returned as it is.  ``progress(done, total)``
-    hears bytes as they arrive; ``endpoint``: another hub (default: huggingface.co, or
-    ``HF_ENDPOINT``)."""
+    hears the release's bytes on disk as they arrive; ``endpoint``: another hub (default:
+    huggingface.co, or ``HF_ENDPOINT``); ``token``: default ``HF_TOKEN`` or the saved login."""
     release = release_of(name)
     if release is None:
         raise DownloadError(f"model {name!r} is not a known release; known: {', '.join(RELEASES)}")
     root = pathlib.Path(root)
-    final = root / release.name
-    if final.is_dir():
+    final, partial = root / release.name, root / f"{release.name}.partial"
+    if recorded(final, release) is not None:
         return final
-    partial = root / f"{release.name}.partial"
-    partial.mkdir(parents=True, exist_ok=True)
     try:
-        for source in release.sources:
-            _fetch(release, source, partial, endpoint, token, progress)
-        verify(release, partial)
-    except DownloadError:
-        raise
+        root.mkdir(parents=True, exist_ok=True)
+        if final.is_dir():  # no verified download: completed out of the loader's sight, keeping what verifies
+            _merge(final, partial)
+        partial.mkdir(exist_ok=True)
+        _Download(release, partial, endpoint, token, progress).run()
+        shutil.rmtree(partial / ".cache", ignore_errors=True)  # older versions' huggingface_hub bookkeeping
+        partial.rename(final)
     except OSError as err:
         if err.errno == errno.ENOSPC:
             raise DownloadError(f"{release.name}: the disk holding {root} is full; free space and run again "
                                 "(what arrived is kept and resumes)") from None
         raise
-    shutil.rmtree(partial / ".cache", ignore_errors=True)  # huggingface_hub's resume bookkeeping
-    partial.rename(final)
     return final
 
 
-def _fetch(release: Release, source: Source, folder: pathlib.Path, endpoint, token, progress) -> None:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub import errors as hub
+@dataclass(frozen=True)
+class _Remote:
+    """A file of a repository at a commit, as the hub lists it."""
+    repo: str
+    commit: str
+    path: str
+    size: int
+    algorithm: str  # sha256 (LFS files: the content's) or sha1 (others: the git blob's)
+    digest: str
+
+
+class _Download:
+    def __init__(self, release: Release, folder: pathlib.Path, endpoint, token, progress):
+        from huggingface_hub import HfApi, constants
+        from huggingface_hub.utils import build_hf_headers, get_session
+
+        self.release, self.folder, self.token, self.progress = release, folder, token, progress
+        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        self.timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
+        self.api = HfApi(endpoint=self.endpoint, token=token)
+        self.headers = build_hf_headers(token=token)
+        self.session = get_session()
+        self.done = self.total = self.reported = 0
+
+    def run(self) -> None:
+        listed = [self._list(source) for source in self.release.sources]  # what is missing is said before any fetch
+        plan: dict[str, _Remote] = {}  # path -> file; a path two sources share comes from the first
+        for source, (commit, listing) in zip(self.release.sources, listed):
+            for remote in self._wanted(source, listing):
+                plan.setdefault(remote.path, remote)
+        self.total = sum(r.size for r in plan.values())
+        self._check_room(plan.values())
+        for remote in plan.values():
+            self._ensure(remote)
+        self._report(force=True)
+        commits = [{"repo": s.repo, "commit": commit} for s, (commit, _) in zip(self.release.sources, listed)]
+        record = {"release": self.release.name, "sources": commits,
+                  "files": {r.path: {"repo": r.repo, "size": r.size, r.algorithm: r.digest} for r in plan.values()}}
+        (self.folder / RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+
+    # -- what to fetch ---------------------------------------------------------------------
+    def _list(self, source: Source) -> tuple[str, dict[str, _Remote]]:
+        """``source``'s repository at its current commit (every file is taken from that one), its files
+        by path; one error naming what the release needs and the repository lacks."""
+        from huggingface_hub.hf_api import RepoFile
+
+        try:
+            commit = self.api.model_info(source.repo).sha or "main"
+            entries = self.api.list_repo_tree(source.repo, recursive=True, revision=commit)
+            listing = {e.path: _Remote(source.repo, commit, e.path, e.size,
+                                       *(("sha256", e.lfs.sha256) if e.lfs else ("sha1", e.blob_id)))
+                       for e in entries if isinstance(e, RepoFile)}
+        except Exception as err:
+            failure = self._failure(err, source.repo)
+            if failure is None:
+                raise
+            raise failure from None
+        absent = [f for f in source.files if f not in listing]
+        if source.weights and INDEX not in listing and SINGLE not in listing:
+            absent.append(f"{SINGLE} (or {INDEX} and its shards)")
+        if absent:
+            raise DownloadError(f"{self.release.name}: {source.repo} has no {', '.join(absent)}, which the loader "
+                                "needs; check the repository on the hub (it may have changed), or report it")
+        return commit, listing
+
+    def _wanted(self, source: Source, listing: dict[str, _Remote]) -> list[_Remote]:
+        """The files of ``source`` the release takes: required, optional ones listed, weights."""
+        names = [*source.files, *(f for f in source.optional if f in listing)]
+        if source.weights and INDEX in listing:
+            names += [INDEX, *self._shards(listing[INDEX], listing)]
+        elif source.weights:
+            names.append(SINGLE)
+        return [listing[n] for n in dict.fromkeys(names)]
+
+    def _shards(self, index: _Remote, listing: dict[str, _Remote]) -> list[str]:
+        """The shards ``index`` names (fetched first: a few kilobytes), each listed."""
+        self._ensure(index, report=False)
+        path = self.folder / index.path
+        try:
+            shards = list(dict.fromkeys(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            path.unlink(missing_ok=True)
+            raise DownloadError(f"{self.release.name}: {index.path} of {index.repo} is no weight index "
+                                f"({_first_line(err)}); report it to the repository") from None
+        absent = [s for s in shards if s not in listing]
+        if absent:
+            raise DownloadError(f"{self.release.name}: {index.repo}'s {index.path} names {', '.join(absent)}, which "
+                                "the repository lacks; report it to the repository")
+        return shards
+
+    def _check_room(self, files) -> None:
+        """One error before the download when the disk cannot take what is still to come."""
+        needed = 0
+        for r in files:
+            target = self.folder / r.path
+            if not (target.is_file() and target.stat().st_size == r.size):
+                part = target.with_name(target.name + ".incomplete")
+                needed += r.size - (part.stat().st_size if part.is_file() else 0)
+        free = shutil.disk_usage(self.folder).free
+        if needed > free:
+            raise DownloadError(f"{self.release.name}: needs {needed / 1e9:.1f} GB more, and the disk holding "
+                                f"{self.folder.parent} has {free / 1e9:.1f} GB free; free space (or download "
+                                "elsewhere) and run again")
+
+    # -- one file --------------------------------------------------------------------------
+    def _ensure(self, remote: _Remote, report: bool = True) -> None:
+        """``remote`` in the folder, verified: kept when already there and matching, else fetched."""
+        target = self.folder / remote.path
+        if target.is_file():
+            if target.stat().st_size == remote.size and _hash_file(remote, target) == remote.digest \
+                    and _damage(target) is None:
+                self._advance(remote.size if report else 0)
+                return
+            target.unlink()  # not the hub's file: fetched again
+        self._fetch(remote, target, report)
+
+    def _fetch(self, remote: _Remote, target: pathlib.Path, report: bool) -> None:
+        """``remote`` streamed into ``target``'s ``.incomplete`` part (resumed from what it holds), checked,
+        and renamed ``target``."""
+        from huggingface_hub import hf_hub_url
+
+        part = target.with_name(target.name + ".incomplete")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        have = part.stat().st_size if part.is_file() else 0
+        if have > remote.size:
+            have = 0
+        hasher = _hasher(remote)
+        if have:  # what an earlier run left: read back into the hash, then continued
+            _feed(hasher, part)
+        counted = have if report else 0  # bytes of this file in the progress
+        self._advance(counted)
+        url = hf_hub_url(remote.repo, remote.path, revision=remote.commit, endpoint=self.endpoint)
+        retries = _RETRIES
+        while have < remote.size:
+            start = have
+            try:
+                headers = dict(self.headers, **({"Range": f"bytes={have}-"} if have else {}))
+                with _get(self.session, url, headers, self.timeout) as (status, answer, reason, chunks):
+                    if status >= 400:
+                        raise self._refused(status, answer, reason, remote.repo, remote.path)
+                    if have and status != 206:  # the range was ignored: the whole file comes
+                        have, hasher = 0, _hasher(remote)
+                    with open(part, "ab" if have else "wb") as out:
+                        for chunk in chunks:
+                            out.write(chunk)
+                            hasher.update(chunk)
+                            have += len(chunk)
+                            if report:
+                                self._advance(have - counted)
+                                counted = have
+                            if have > remote.size:
+                                break
+            except DownloadError:
+                raise
+            except Exception as err:
+                if not _kinds(err) & _TRANSPORT:
+                    raise
+                if have > start and retries:  # it was moving: go on from there at once
+                    retries -= 1
+                    continue
+                if have == 0:
+                    raise self._unreachable(err) from None
+                raise DownloadError(f"{self.release.name}: the connection broke while fetching {remote.path} from "
+                                    f"{remote.repo} ({_first_line(err)}) after {have} of {remote.size} bytes; run "
+                                    "again: it resumes there") from None
+            if have > remote.size:
+                break
+        if have != remote.size or hasher.hexdigest() != remote.digest:
+            part.unlink(missing_ok=True)
+            self._advance(-counted)
+            raise DownloadError(f"{self.release.name}: {remote.path} from {remote.repo} does not match the "
+                                f"{remote.algorithm} the hub lists for it (it arrived damaged); it was removed: "
+                                "run again to fetch it again")
+        os.replace(part, target)
+        problem = _damage(target)
+        if problem is not None:
+            target.unlink()
+            raise DownloadError(f"{self.release.name}: {remote.path} arrived damaged ({problem}); it was removed: "
+                                "run again to fetch it again")
+        self._report(force=True)
+
+    # -- progress --------------------------------------------------------------------------
+    def _advance(self, n: int) -> None:
+        self.done += n
+        self._report()
+
+    def _report(self, force: bool = False) -> None:
+        if self.progress is not None and self.total and (force or abs(self.done - self.reported) >= _REPORT_EVERY):
+            self.reported = self.done
+            self.progress(self.done, self.total)
+
+    # -- failures --------------------------------------------------------------------------
+    def _failure(self, err: Exception, repo: str) -> DownloadError | None:
+        """The error for a failed request of the hub's API; None for one that is no such failure."""
+        from huggingface_hub import errors
+
+        if isinstance(err, errors.OfflineModeIsEnabled):
+            return DownloadError(f"{self.release.name}: huggingface_hub is set offline (HF_HUB_OFFLINE); unset it "
+                                 f"to download {repo}")
+        response = getattr(err, "response", None)
+        if isinstance(getattr(response, "status_code", None), int):
+            reason = getattr(response, "reason_phrase", None) or getattr(response, "reason", None) or ""
+            return self._refused(response.status_code, response.headers, reason, repo)
+        if _kinds(err) & _TRANSPORT:
+            return self._unreachable(err)
+        return None
+
+    def _unreachable(self, err: Exception) -> DownloadError:
+        return DownloadError(f"{self.release.name}: cannot reach the hub at {self.endpoint} ({_first_line(err)}): no "
+                             "network? Run again when online (what arrived is kept and resumes)")
+
+    def _refused(self, status: int, headers, reason: str, repo: str, path: str | None = None) -> DownloadError:
+        """What the hub's error answer (``status``, its ``headers``) means, for ``repo`` (or its file ``path``)."""
+        name = self.release.name
+        code = headers.get("X-Error-Code") or ""
+        message = (headers.get("X-Error-Message") or "").strip()
+        what = f"{path} of {repo}" if path else repo
+        page = f"{self.endpoint}/{repo}"
+        if code == "GatedRepo":
+            return DownloadError(f"{name}: {repo} is gated: accept its licence on its page on the hub ({page}), then "
+                                 "log in (`hf auth login`) or set HF_TOKEN with that account's token, and run again")
+        if status == 401 and self._token_sent():
+            return DownloadError(f"{name}: the hub refused the token {self._token_source()} (401 Unauthorized: "
+                                 f"{message or 'invalid credentials'}): it is invalid or expired. Make a new one at "
+                                 f"{self.endpoint}/settings/tokens and set HF_TOKEN to it, or log in again (`hf auth "
+                                 "login`); public releases need no token (unset HF_TOKEN)")
+        if status == 401 or code == "RepoNotFound":
+            return DownloadError(f"{name}: the hub has no repository {repo} (or it needs a token: set HF_TOKEN or "
+                                 "log in with `hf auth login`)")
+        if status == 403:
+            return DownloadError(f"{name}: the hub forbids access to {what} (403 Forbidden"
+                                 f"{': ' + message if message else ''}): accept the licence on {page} with your "
+                                 "account, and check that your token (HF_TOKEN or `hf auth login`) may read it")
+        if status == 404 and path:
+            return DownloadError(f"{name}: the hub has no {path} in {repo} (404 Not Found), though it listed it: the "
+                                 "repository changed meanwhile; run again, or report it if it stays")
+        if status == 429 or status >= 500:
+            return DownloadError(f"{name}: the hub answered {status} {reason} for {what}; run again later (what "
+                                 "arrived is kept and resumes)")
+        return DownloadError(f"{name}: the hub answered {status} {reason} for {what}"
+                             f"{' (' + message + ')' if message else ''}")
+
+    def _token_sent(self) -> bool:
+        return any(k.lower() == "authorization" for k in self.headers)
+
+    def _token_source(self) -> str:
+        if self.token:
+            return "given"
+        if os.environ.get("HF_TOKEN"):
+            return "in HF_TOKEN"
+        if os.environ.get("HUGGING_FACE_HUB_TOKEN"):
+            return "in HUGGING_FACE_HUB_TOKEN"
+        return "saved by `hf auth login`"
+
+
+@contextlib.contextmanager
+def _get(session, url: str, headers: dict, timeout):
+    """A streamed GET through huggingface_hub's session, httpx's (huggingface_hub >= 1.0) or requests'
+    (before): ``(status, headers, reason, chunks as they arrive)``."""
+    if callable(getattr(session, "stream", None)):  # (a requests session has a flag of that name)
+        with session.stream("GET", url, headers=headers, follow_redirects=True, timeout=timeout) as response:
+            yield response.status_code, response.headers, response.reason_phrase, response.iter_bytes()
+    else:
+        with session.get(url, headers=headers, stream=True, allow_redirects=True, timeout=timeout) as response:
+            # (chunks of a size: without one urllib3 reads to the end before it yields)
+            yield response.status_code, response.headers, response.reason, response.iter_content(chunk_size=2**16)
+
+
+def _merge(folder: pathlib.Path, partial: pathlib.Path) -> None:
+    """``folder``'s files into ``partial`` (those it lacks), and ``folder`` gone."""
+    if not partial.exists():
+        folder.rename(partial)
+        return
+    for f in sorted(folder.rglob("*")):
+        dest = partial / f.relative_to(folder)
+        if f.is_file() and not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            f.rename(dest)
+    shutil.rmtree(folder)
+
+
+def _hasher(remote: _Remote):
+    """The hash the hub lists: a git blob's sha1 covers a header with the size."""
+    if remote.algorithm == "sha256":
+        return hashlib.sha256()
+    digest = hashlib.sha1()
+    digest.update(b"blob %d\0" % remote.size)
+    return digest
+
+
+def _feed(digest, path: pathlib.Path) -> None:
+    with open(path, "rb") as f:
+        while block := f.read(2**22):
+            digest.update(block)
+
+
+def _hash_file(remote: _Remote, path: pathlib.Path) -> str:
+    digest = _hasher(remote)
+    _feed(digest, path)
+    return digest.hexdigest()
+
+
+def _damage(path: pathlib.Path) -> str | None:
+    """Why a weights file that matches its hash cannot be read (a broken upload), or None."""
+    from ..formats.checkpoints import safetensors_header
 
     try:
-        snapshot_download(source.repo, allow_patterns=list(source.files), local_dir=str(folder),
-                          endpoint=endpoint, token=token, max_workers=2, tqdm_class=_bytes_reporter(progress))
-    except hub.GatedRepoError:
-        raise DownloadError(f"{release.name}: {source.repo} is gated: accept its licence on its page on the hub, "
-                            "then log in (`hf auth login`) or set HF_TOKEN, and run again") from None
-    except hub.RepositoryNotFoundError:
-        raise DownloadError(f"{release.name}: the hub has no repository {source.repo} (or it needs a token: "
-                            "set HF_TOKEN)") from None
-    except (hub.LocalEntryNotFoundError, hub.OfflineModeIsEnabled, ConnectionError) as err:
-        raise DownloadError(f"{release.name}: cannot reach the hub ({_first_line(err)}): no network? Run again "
-                            "when online (what arrived is kept and resumes), or download "
-                            f"{source.repo} by hand into {folder.parent / release.name}") from None
-    except OSError as err:
-        if err.errno == errno.ENOSPC:
-            raise
-        if isinstance(err, hub.HfHubHTTPError) or "Consistency check failed" in str(err):
-            raise DownloadError(f"{release.name}: {source.repo}: {_first_line(err)}; run again to resume") from None
-        raise
-    except Exception as err:  # httpx's connection errors are not OSErrors
-        if type(err).__module__.startswith(("httpx", "httpcore")):
-            raise DownloadError(f"{release.name}: cannot reach the hub ({_first_line(err)}): no network? Run "
-                                "again when online (what arrived is kept and resumes)") from None
-        raise
+        if path.suffix == ".safetensors":
+            safetensors_header(path)
+        elif path.suffix in TORCH_ARCHIVES and not zipfile.is_zipfile(path):
+            return "not a whole torch archive"
+    except Exception as err:
+        return _first_line(err)
+    return None
 
 
-def verify(release: Release, folder: pathlib.Path) -> None:
-    """Every file the release names is there, and the weights are readable; else a
-    :class:`DownloadError` naming the file (the download stays ``.partial``)."""
-    from ..formats.checkpoints import peek
-
-    files = [p.relative_to(folder).as_posix() for p in folder.rglob("*")
-             if p.is_file() and not p.relative_to(folder).as_posix().startswith(".cache/")]
-    for source in release.sources:
-        for pattern in source.files:
-            if not any(fnmatch.fnmatch(f, pattern) for f in files):
-                raise DownloadError(f"{release.name}: {source.repo} gave no file {pattern!r}; run again, or check "
-                                    "the repository on the hub")
-    for name in files:
-        path = folder / name
-        try:
-            if name.endswith(".safetensors"):
-                peek(path)
-            elif name.endswith((".pt", ".pth", ".ckpt", ".bin", ".jit")) and not zipfile.is_zipfile(path):
-                raise ValueError("not a whole torch archive")
-        except Exception as err:
-            path.unlink(missing_ok=True)  # fetched again on the next run
-            raise DownloadError(f"{release.name}: {name} arrived damaged ({_first_line(err)}); it was removed: "
-                                "run again to fetch it again") from None
+def _kinds(err: BaseException) -> set[str]:
+    """The class names of ``err`` and its bases: the HTTP clients' errors read alike."""
+    return {k.__name__ for k in type(err).__mro__}
 
 
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return text[0] if text else type(err).__name__
-
-
-def _bytes_reporter(progress):
-    """A tqdm class for huggingface_hub that hands its byte count (the bytes that came over
-    the network, across files) to ``progress(done, total)``."""
-    from huggingface_hub.utils import tqdm as hub_tqdm
-
-    if progress is None:
-        return None
-
-    class Reporter(hub_tqdm):
-        def __init__(self, *args, **kwargs):
-            self._reports = kwargs.get("unit") == "B" and str(kwargs.get("desc", "")).startswith("Downloading")
-            self._done = int(kwargs.get("initial") or 0)
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-
-        def update(self, n=1):
-            if self._reports and n:
-                self._done += int(n)
-                progress(self._done, int(self.total or 0))
-            return super().update(n)
-
-    return Reporter
 
 
 def default_root() -> pathlib.Path:
