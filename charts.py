@@ -92,27 +92,91 @@ def chart(series: list[Series], title: str = "", xlabel: str = "", ylabel: str =
     return img
 
 
+#: the x labels of :func:`bars`: the largest font size at which every label fits its bar's slot
+#: in at most ``LABEL_LINES`` lines (16 px: still about 9 px when the Report Plot node shows its
+#: 900 px picture in a 520 px node), down to ``LABEL_MIN`` px, below which the lines are shortened
+LABEL_SIZE, LABEL_MIN, LABEL_LINES, LABEL_GAP = 16, 10, 6, 8
+
+
+def _wrap(d: ImageDraw.ImageDraw, text: str, font, width: float) -> list[str]:
+    """``text`` in lines no wider than ``width`` where its spaces allow, a word too wide
+    for a line split after its ``=`` (a knob's ``delta=0.15``: name and value)."""
+    pieces = []  # (piece, joined to the previous one by a space)
+    for word in text.split() or [""]:
+        head, eq, tail = word.partition("=")
+        if eq and tail and d.textlength(word, font=font) > width:
+            pieces += [(head + eq, True), (tail, False)]
+        else:
+            pieces.append((word, True))
+    lines: list[str] = []
+    for piece, spaced in pieces:
+        joined = lines[-1] + (" " if spaced else "") + piece if lines else piece
+        if lines and d.textlength(joined, font=font) <= width:
+            lines[-1] = joined
+        else:
+            lines.append(piece)
+    return lines
+
+
+def _shorten(d: ImageDraw.ImageDraw, line: str, font, width: float) -> str:
+    while line and d.textlength(line + "...", font=font) > width:
+        line = line[:-1]
+    return line + "..."
+
+
+def x_labels(d: ImageDraw.ImageDraw, names: list[str], width: float) -> tuple[int, list[list[str]]]:
+    """One font size for all of ``names`` and each name's lines, every line at most
+    ``width`` wide (a bar's slot less a gap, so that no two labels touch)."""
+    for size in range(LABEL_SIZE, LABEL_MIN - 1, -1):
+        font = _font(size)
+        wrapped = [_wrap(d, name, font, width) for name in names]
+        if all(len(lines) <= LABEL_LINES and all(d.textlength(t, font=font) <= width for t in lines)
+               for lines in wrapped):
+            return size, wrapped
+    cut = []
+    for lines in wrapped:
+        lines = [t if d.textlength(t, font=font) <= width else _shorten(d, t, font, width) for t in lines]
+        if len(lines) > LABEL_LINES:
+            lines = lines[:LABEL_LINES - 1] + [_shorten(d, lines[LABEL_LINES - 1], font, width)]
+        cut.append(lines)
+    return LABEL_MIN, cut
+
+
 def bars(values: dict[str, float], title: str = "", ylabel: str = "", size: tuple[int, int] = (720, 420),
          fmt: str = "{:.3g}") -> Image.Image:
-    """A bar per key, value printed on top."""
+    """A bar per key, value printed on top, the key below it (wrapped to its bar's width:
+    long labels such as ``"lantern k=300 delta=0.1"`` never run into their neighbours).
+    The picture's ``info["x_labels"]`` lists each label's lines as drawn:
+    ``(key, [(line, (x, y)), ...], font size)``, each line anchored at its middle top."""
     w, h = size
     img = Image.new("RGB", size, "white")
     d = ImageDraw.Draw(img)
-    f, small = _font(15), _font(12)
-    left, right, top, bottom = 70, 20, 40, 60
+    f, small = _font(18), _font(LABEL_SIZE)
     hi = max([v for v in values.values()] + [1e-9]) * 1.15
-    for t in _ticks(0, hi):
+    ticks = _ticks(0, hi)
+    left = int(max(d.textlength(_fmt(t), font=small) for t in ticks)) + 16
+    right, top = 12, 44
+    slot = (w - left - right) / max(1, len(values))
+    label_size, lines = x_labels(d, list(values), slot - LABEL_GAP)
+    label_font, step = _font(label_size), label_size + 3
+    bottom = 10 + step * max((len(t) for t in lines), default=1) + 6
+    for t in ticks:
         y = h - bottom - t / hi * (h - top - bottom)
         d.line([left, y, w - right, y], fill=(230, 230, 230))
         d.text((left - 6, y), _fmt(t), fill="black", font=small, anchor="rm")
-    slot = (w - left - right) / max(1, len(values))
-    for i, (name, v) in enumerate(values.items()):
+    value_size, _ = x_labels(d, [fmt.format(v) for v in values.values()], slot - LABEL_GAP)
+    drawn = []
+    for i, ((name, v), name_lines) in enumerate(zip(values.items(), lines)):
         x = left + i * slot + slot * 0.15
         y = h - bottom - v / hi * (h - top - bottom)
         d.rectangle([x, y, x + slot * 0.7, h - bottom], fill=PALETTE[i % len(PALETTE)])
-        d.text((x + slot * 0.35, y - 4), fmt.format(v), fill="black", font=small, anchor="mb")
-        d.text((x + slot * 0.35, h - bottom + 8), name, fill="black", font=small, anchor="mt")
+        d.text((x + slot * 0.35, y - 4), fmt.format(v), fill="black", font=_font(value_size), anchor="mb")
+        placed = [(line, (x + slot * 0.35, h - bottom + 10 + j * step)) for j, line in enumerate(name_lines)]
+        for line, at in placed:
+            d.text(at, line, fill="black", font=label_font, anchor="mt")
+        drawn.append((name, placed, label_size))
     d.rectangle([left, top, w - right, h - bottom], outline=(60, 60, 60))
     d.text((w / 2, 12), title, fill="black", font=f, anchor="mt")
-    d.text((10, top - 22), ylabel, fill="black", font=small, anchor="la")
+    d.text((10, top - 24), ylabel, fill="black", font=small, anchor="la")
+    img.info["x_labels"] = drawn
     return img

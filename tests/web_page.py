@@ -335,9 +335,46 @@ class WebPage:
             if self.vue:  # the nodes' elements follow the view a few frames later
                 self.settle()
 
-    def screenshot(self, path: pathlib.Path) -> pathlib.Path:
+    def focus(self, ids: list[str]) -> None:
+        """Nodes ``ids`` in view at 100 % zoom (as a user reads them), clear of the page's side
+        and top bars (which lie over the canvas); the page draws them again (the canvas fetches
+        a picture as it draws its node)."""
+        self.js("""([ids, vue]) => {
+            const c = window.app.canvas, rect = c.canvas.getBoundingClientRect();
+            const title = window.LiteGraph.NODE_TITLE_HEIGHT;
+            const nodes = window.app.graph.nodes.filter((n) => ids.includes(String(n.id)));
+            const boxes = nodes.map((n) => {
+                const e = vue && document.querySelector(`[data-node-id="${n.id}"]`);
+                return e ? (%s)(c, rect, e) : [n.pos[0], n.pos[1] - title, n.size[0], n.size[1] + title];
+            });
+            c.ds.scale = 1;
+            c.ds.offset[0] = 300 - Math.min(...boxes.map((b) => b[0]));
+            c.ds.offset[1] = 200 - Math.min(...boxes.map((b) => b[1]));
+            c.setDirty(true, true);
+        }""" % _VUE_BOX, [ids, self.vue])
+        self.page.wait_for_timeout(400)
+        if self.vue:
+            self.settle()
+        self.js("() => window.app.canvas.draw(true, true)")
+
+    def node_rect(self, node_id: str) -> list[float]:
+        """Node ``node_id``'s box in the page, ``[x, y, w, h]`` in CSS pixels, title bar included
+        (the canvas: its size where the view puts it; Vue nodes: its element)."""
+        return self.js("""([id, vue]) => {
+            const c = window.app.canvas, view = c.canvas.getBoundingClientRect(), s = c.ds.scale;
+            const n = window.app.graph.nodes.find((n) => String(n.id) === id);
+            const e = vue && document.querySelector(`[data-node-id="${id}"]`);
+            if (e) { const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; }
+            const title = window.LiteGraph.NODE_TITLE_HEIGHT;
+            return [view.x + (n.pos[0] + c.ds.offset[0]) * s, view.y + (n.pos[1] - title + c.ds.offset[1]) * s,
+                    n.size[0] * s, (n.size[1] + title) * s];
+        }""", [node_id, self.vue])
+
+    def screenshot(self, path: pathlib.Path, clip: list[float] | None = None) -> pathlib.Path:
+        """The page (or the part ``clip`` = ``[x, y, w, h]`` of it, in CSS pixels) as a PNG."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(path))
+        area = {"x": clip[0], "y": clip[1], "width": clip[2], "height": clip[3]} if clip else None
+        self.page.screenshot(path=str(path), clip=area)
         return path
 
     def queue(self) -> None:
