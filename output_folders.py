@@ -1,6 +1,6 @@
 """Output folders: checked before any work, written all or nothing.
 
-Shared by ``spec-ar render`` and ``demo`` (cli.py), ``spec-ar bench`` and
+Shared by ``spec-ar render`` and ``demo`` (cli/), ``spec-ar bench`` and
 ``spec-ar queue``, so none of them imports another for it.
 """
 from __future__ import annotations

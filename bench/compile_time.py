@@ -28,7 +28,8 @@ HOW = ("regional", "whole")
 
 def model_of(depth: int, dim: int, folder: pathlib.Path, device: str):
     from .gpu import load
-    from .scale_checkpoints import llamagen_shapes, write_holes
+    from .scale_checkpoints.llamagen import llamagen_shapes
+    from .scale_checkpoints.weight_files import write_holes
 
     path = folder / f"c2i_{dim}x{depth}.safetensors"
     if not path.exists():

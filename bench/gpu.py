@@ -129,7 +129,7 @@ def kernels(device, dtypes, shape=(11008, 4096), rows=(2, 66), count=4, repeats=
 def llamagen_xl_shapes(scale: float) -> dict:
     """LlamaGen-XL c2i's tensors (width 1280, 36 layers, FFN 3584, 16384 codes, 1000 classes), widths and depth
     times ``scale``."""
-    from .scale_checkpoints import llamagen_shapes
+    from .scale_checkpoints.llamagen import llamagen_shapes
 
     dim = max(64, round(1280 * scale / 64) * 64)
     return llamagen_shapes(dim, max(1, round(36 * scale)), 256 * math.ceil(int(2 * 4 * dim / 3) / 256))
@@ -138,6 +138,7 @@ def llamagen_xl_shapes(scale: float) -> dict:
 def write_model(name: str, folder: pathlib.Path, scale: float) -> pathlib.Path:
     """``name``'s checkpoint in ``folder``, weights as sparse holes; returns what to load."""
     from . import scale_checkpoints
+    from .scale_checkpoints.weight_files import write_holes
 
     family, resolution, _ = MODELS[name]
     if family is not None:
@@ -145,7 +146,7 @@ def write_model(name: str, folder: pathlib.Path, scale: float) -> pathlib.Path:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"c2i_XL_{resolution}.safetensors"
-    scale_checkpoints.write_holes(path, llamagen_xl_shapes(scale))
+    write_holes(path, llamagen_xl_shapes(scale))
     return path
 
 

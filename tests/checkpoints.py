@@ -9,8 +9,9 @@ import torch
 
 from spec_ar.decoders.vq16 import VQModel, VQSpec
 from spec_ar.loaders.llamagen import GPTSpec, LlamaGenGPT
-from spec_ar.bench.scale_checkpoints import JANUS_TO_ORIGINAL, llamagen_shapes  # noqa: F401 (re-exported)
-from spec_ar.bench.scale_checkpoints import write_holes as write_sparse_safetensors  # noqa: F401
+from spec_ar.bench.scale_checkpoints.janus import JANUS_TO_ORIGINAL
+from spec_ar.bench.scale_checkpoints.llamagen import llamagen_shapes  # noqa: F401 (re-exported)
+from spec_ar.bench.scale_checkpoints.weight_files import write_holes as write_sparse_safetensors  # noqa: F401
 
 TINY_VQ = VQSpec(ch=32, ch_mult=(1, 1, 2, 2, 4), enc_blocks=2, dec_blocks=3, z_channels=32,
                  codebook_size=1024, embed_dim=8)

@@ -10,7 +10,7 @@ from dataclasses import fields
 import pytest
 
 from spec_ar.bench.sweeps import parse_sweep, sweep_keys
-from spec_ar.command_options import decoding_options, literal
+from spec_ar.cli.options import decoding_options, literal
 from spec_ar.nodes import common
 from spec_ar.sampling.config import KNOBS, SURFACES, ConfigError, DecodeConfig, check
 

@@ -1,6 +1,6 @@
 """Layers that point one way: the imports between the pack's top-level parts.
 
-A part is a top-level folder or module (``sampling``, ``loaders``, ``cli.py`` ...).
+A part is a top-level folder or module (``sampling``, ``loaders``, ``cli`` ...).
 The shipped model's definition (``embedded/``: what ``loaders/embedded.py`` rebuilds it
 from) and the programs that train, demo and evaluate it through the loaders
 (``embedded_tools/``) are two folders on two layers.
@@ -30,10 +30,8 @@ LAYERS = [
     {"training"},  # draft heads for any model (the embedded one's prompts come from its world)
     {"bench", "benchmarks"},
     {"workflows"},  # ComfyUI's workflow formats
-    {"command_options"},  # what spec-ar's commands share: options from the knob table, PNG bytes
     {"nodes"},  # ComfyUI nodes
-    {"queue_client", "batch"},  # spec-ar queue, spec-ar batch
-    {"cli"},  # spec-ar
+    {"cli"},  # spec-ar and its batch and queue commands
     {"__init__"},  # ComfyUI's entry point
 ]
 
@@ -44,7 +42,8 @@ def sources() -> list[pathlib.Path]:
 
 
 def module_of(path: pathlib.Path) -> str:
-    """``loaders/detect.py`` -> ``loaders.detect``; ``cli.py`` -> ``cli``; the root ``__init__.py`` -> ``__init__``."""
+    """``loaders/detect.py`` -> ``loaders.detect``; ``cli/__init__.py`` -> ``cli``; the root ``__init__.py`` ->
+    ``__init__``."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__" and len(parts) > 1:
         parts.pop()
@@ -185,7 +184,7 @@ def test_formats_imports_nothing_of_the_pack():
 
 
 def test_loaders_and_decoders_import_no_training_bench_or_node_code():
-    above = {"embedded_tools", "training", "bench", "benchmarks", "nodes", "cli", "queue_client", "workflows", "__init__"}
+    above = {"embedded_tools", "training", "bench", "benchmarks", "nodes", "cli", "workflows", "__init__"}
     bad = offending(graph(), {"loaders", "decoders"}, lambda dst: dst not in above)
     assert not bad, "loaders/ and decoders/ import training, bench, node or command-line code:\n" + "\n".join(bad)
 

@@ -89,9 +89,10 @@ def test_a_non_editable_install_carries_every_module_and_shipped_file():
 
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(setup["packages"])
-    for init in ROOT.glob("*/__init__.py"):
-        if init.parent.name != "tests":
-            assert f"spec_ar.{init.parent.name}" in listed, f"{init.parent.name}/ is missing from pyproject's packages"
+    for init in [*ROOT.glob("*/__init__.py"), *ROOT.glob("*/*/__init__.py")]:  # bench/scale_checkpoints/ too
+        folder = init.parent.relative_to(ROOT)
+        if folder.parts[0] not in ("tests", "out", "build") and not folder.parts[0].startswith("."):
+            assert f"spec_ar.{'.'.join(folder.parts)}" in listed, f"{folder}/ is missing from pyproject's packages"
     patterns = setup["package-data"]["spec_ar"]
     shipped = [p.relative_to(ROOT).as_posix() for p in (ROOT / "embedded" / "weights").rglob("*") if p.is_file()]
     assert shipped and all(any(fnmatch.fnmatchcase(f, pat) and f.count("/") == pat.count("/") for pat in patterns)

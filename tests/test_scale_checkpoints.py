@@ -1,4 +1,4 @@
-"""bench/scale_checkpoints.py: random-weight checkpoints with the real 7B / 8B configurations in each family's
+"""bench/scale_checkpoints/: random-weight checkpoints with the real 7B / 8B configurations in each family's
 release layout, written tensor by tensor.  Here at tiny scales: every family and layout is detected as its
 family, passes the header checks and loads with the pack; both layouts of a family hold the same model; the
 streamed files are what torch.save / safetensors would write; and the writer's memory stays near one chunk
@@ -13,6 +13,12 @@ import pytest
 import torch
 
 from spec_ar.bench import scale_checkpoints as sc
+from spec_ar.bench.scale_checkpoints import tensors
+from spec_ar.bench.scale_checkpoints.chameleon import _interleave_rows
+from spec_ar.bench.scale_checkpoints.check import check, header_shapes
+from spec_ar.bench.scale_checkpoints.scaling import meta_ffn
+from spec_ar.bench.scale_checkpoints.tensors import TensorSpec, materialize
+from spec_ar.bench.scale_checkpoints.weight_files import write_safetensors, write_torch
 from spec_ar.loaders.detect import detect, load_model
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 
@@ -44,7 +50,7 @@ def test_detected_checked_and_loads(written, family, layout):
     result = written(family, layout)
     folder = result.folder
     assert detect(folder).family == sc.FAMILY_OF[family]
-    report = sc.check(folder, family, layout, result.expected, log=lambda *a: None)
+    report = check(folder, family, layout, result.expected, log=lambda *a: None)
     assert report["tensors"] == result.tensors
     model = load_model(folder, None, None, None, "cpu", torch.float32, None, None)
     assert model.family == sc.FAMILY_OF[family]
@@ -84,7 +90,7 @@ def test_full_size_configurations():
                 t["num_key_value_heads"], t["max_position_embeddings"]) == (
             cham.vocab_size, cham.hidden_size, cham.num_hidden_layers, cham.num_attention_heads,
             cham.num_key_value_heads, cham.max_position_embeddings)
-        assert sc.meta_ffn(t["hidden_size"], t["ffn_dim_multiplier"], t["multiple_of"]) == cham.intermediate_size
+        assert meta_ffn(t["hidden_size"], t["ffn_dim_multiplier"], t["multiple_of"]) == cham.intermediate_size
         assert sc.CONFIGS[name]["vq"]["n_embed"] == cham.vq_config.num_embeddings
     emu_t, emu_vq = Emu3TextConfig(), Emu3VQVAEConfig()
     t = sc.CONFIGS["emu3-gen"]["text"]
@@ -121,13 +127,13 @@ def test_full_size_configurations():
 def test_torch_writer_is_torch_save(tmp_path):
     """The streamed pickle is byte for byte what torch.save writes for the same tensors, nesting and plain
     values included (a VQGAN checkpoint's layout), integer buffers too."""
-    specs = [sc.TensorSpec("a.weight", (3, 5000)), sc.TensorSpec("b.bias", (5,), "zeros"),
-             sc.TensorSpec("n.norm.weight", (7,), "ones"), sc.TensorSpec("bn.num_batches_tracked", (), "zeros",
-                                                                          dtype=torch.int64),
-             sc.TensorSpec("q.weight", (8, 3), sources=("q1", "q2"))]
+    specs = [TensorSpec("a.weight", (3, 5000)), TensorSpec("b.bias", (5,), "zeros"),
+             TensorSpec("n.norm.weight", (7,), "ones"), TensorSpec("bn.num_batches_tracked", (), "zeros",
+                                                                       dtype=torch.int64),
+             TensorSpec("q.weight", (8, 3), sources=("q1", "q2"))]
     tree = {"state_dict": {s.name: s for s in specs}, "global_step": 3}
-    sc.write_torch(tmp_path / "mine.ckpt", tree, torch.bfloat16, 0)
-    reference = {"state_dict": {s.name: sc.materialize(s, torch.bfloat16, 0).clone() for s in specs}, "global_step": 3}
+    write_torch(tmp_path / "mine.ckpt", tree, torch.bfloat16, 0)
+    reference = {"state_dict": {s.name: materialize(s, torch.bfloat16, 0).clone() for s in specs}, "global_step": 3}
     torch.save(reference, tmp_path / "ref.ckpt")
     mine, ref = zipfile.ZipFile(tmp_path / "mine.ckpt"), zipfile.ZipFile(tmp_path / "ref.ckpt")
     records = {n.split("/", 1)[1]: ref.read(n) for n in ref.namelist()}
@@ -144,20 +150,20 @@ def test_streamed_values_do_not_depend_on_how_they_are_gathered(tmp_path, monkey
     before it is reused."""
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(sc, "CHUNK", 1 << 19)  # 512 Ki elements: 1 MiB pieces, several per tensor
-    specs = [sc.TensorSpec("big.weight", (1000, 3000)), sc.TensorSpec("fused.weight", (3 * 800, 1000),
-                                                                        sources=("f.q", "f.k", "f.v")),
-             sc.TensorSpec("ln.weight", (3000,), "ones"), sc.TensorSpec("conv.weight", (64, 32, 3, 3))]
-    sc.write_safetensors(tmp_path / "x.safetensors", specs, torch.bfloat16, 5)
+    monkeypatch.setattr(tensors, "CHUNK", 1 << 19)  # 512 Ki elements: 1 MiB pieces, several per tensor
+    specs = [TensorSpec("big.weight", (1000, 3000)), TensorSpec("fused.weight", (3 * 800, 1000),
+                                                                  sources=("f.q", "f.k", "f.v")),
+             TensorSpec("ln.weight", (3000,), "ones"), TensorSpec("conv.weight", (64, 32, 3, 3))]
+    write_safetensors(tmp_path / "x.safetensors", specs, torch.bfloat16, 5)
     streamed = load_file(str(tmp_path / "x.safetensors"))
     for s in specs:
-        assert torch.equal(streamed[s.name], sc.materialize(s, torch.bfloat16, 5)), s.name
-    assert sc.header_shapes(tmp_path / "x.safetensors") == {s.name: s.shape for s in specs}
+        assert torch.equal(streamed[s.name], materialize(s, torch.bfloat16, 5)), s.name
+    assert header_shapes(tmp_path / "x.safetensors") == {s.name: s.shape for s in specs}
     # Meta's interleaved rows: the rearranged tensor is the drawn one's rows permuted per head
     heads, hd = 4, 8
-    plain = sc.TensorSpec("wq", (heads * hd, 16), sources=("k",))
-    spun = sc.TensorSpec("wq", (heads * hd, 16), sources=("k",), rearrange=sc._interleave_rows(heads))
-    w, m = sc.materialize(plain, torch.float32, 0), sc.materialize(spun, torch.float32, 0)
+    plain = TensorSpec("wq", (heads * hd, 16), sources=("k",))
+    spun = TensorSpec("wq", (heads * hd, 16), sources=("k",), rearrange=_interleave_rows(heads))
+    w, m = materialize(plain, torch.float32, 0), materialize(spun, torch.float32, 0)
     for h in range(heads):
         for p in range(hd // 2):
             for c in range(2):
@@ -215,4 +221,4 @@ def test_module_runs_as_a_script_and_documents_the_table():
     assert out.returncode == 0
     for name in sc.CONFIGS:
         assert name in out.stdout
-    assert pathlib.Path(sc.__file__).name == "scale_checkpoints.py"
+    assert pathlib.Path(sc.__file__).parent.name == "scale_checkpoints"

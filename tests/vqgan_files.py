@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from spec_ar.bench.scale_checkpoints import vqgan_yaml
+from spec_ar.bench.scale_checkpoints.vqgan import vqgan_yaml
 from spec_ar.decoders.vqgan import VQGANModel, VQGANSpec
 
 #: two levels, no attention outside the middle block

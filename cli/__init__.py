@@ -1,50 +1,52 @@
-"""The ``spec-ar`` command line."""
+"""The ``spec-ar`` command line: its parser, the subcommands it runs itself (``demo``, ``render``, ``download``)
+and the hand-over to those that parse their own options (``batch`` and ``queue`` here; ``bench``, ``evaluate`` and
+the training commands in their parts)."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 
-from .command_options import decoding_options, dtype_help, literal, png_bytes
-from .output_folders import writable_folder, write_all
+from ..output_folders import writable_folder, write_all
+from .options import decoding_options, dtype_help, literal, png_bytes
 
 
 def _demo(args) -> int:
-    from .embedded_tools.demo import run
+    from ..embedded_tools.demo import run
 
     run(writable_folder(args.out, "--out"), seed=args.seed)
     return 0
 
 
 def _train_embedded(args) -> int:
-    from .embedded_tools.train import main as train
+    from ..embedded_tools.train import main as train
 
     return train(args.rest)
 
 
 def _train_drafter(args) -> int:
-    from .training.drafter import main as train
+    from ..training.drafter import main as train
 
     return train(args.rest)
 
 
 def _bench(args) -> int:
-    from .bench.run import main as bench
+    from ..bench.run import main as bench
 
     return bench(args.rest)
 
 
 def _evaluate(args) -> int:
-    from .embedded_tools.evaluate import main as evaluate
+    from ..embedded_tools.evaluate import main as evaluate
 
     return evaluate(args.rest)
 
 
 def _render(args) -> int:
-    from .loaders.base import resolve_device
-    from .loaders.detect import load_drafter, load_model
-    from .sampling import ConfigError, DecodeConfig, SpeculativeDecoder
-    from .sampling.config import KNOBS, parse
+    from ..loaders.base import resolve_device
+    from ..loaders.detect import load_drafter, load_model
+    from ..sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+    from ..sampling.config import KNOBS, parse
 
     settings = {k.name: parse(k, getattr(args, k.name), "cli") for k in KNOBS.values()
                 if getattr(args, k.name) is not None}
@@ -96,7 +98,7 @@ def _render(args) -> int:
 def _download(args) -> int:
     import pathlib
 
-    from .loaders import downloads
+    from ..loaders import downloads
 
     root = pathlib.Path(args.to) if args.to else downloads.default_root()
     if args.list or not args.name:
@@ -129,7 +131,7 @@ def _download(args) -> int:
 
 
 def _queue(args) -> int:
-    from .queue_client import main as queue
+    from .queue import main as queue
 
     return queue(args.rest)
 
@@ -187,10 +189,10 @@ def _dispatch(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """``spec-ar``'s parser; the subcommands in :data:`PASSTHROUGH` parse their own options."""
-    from .loaders.offload import HELP as OFFLOAD_HELP
-    from .loaders.static_cache import DECODE_PATHS, HELP as PATH_HELP
-    from .loaders.storage import STORAGES
-    from .sampling.config import MODE_HELP
+    from ..loaders.offload import HELP as OFFLOAD_HELP
+    from ..loaders.static_cache import DECODE_PATHS, HELP as PATH_HELP
+    from ..loaders.storage import STORAGES
+    from ..sampling.config import MODE_HELP
 
     ap = argparse.ArgumentParser(prog="spec-ar", description="Speculative decoding for autoregressive image models. "
                                  "Errors are one line; --debug (anywhere) shows the traceback instead.")
@@ -260,6 +262,3 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(run=_render)
     return ap
 
-
-if __name__ == "__main__":
-    sys.exit(main())

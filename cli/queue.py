@@ -27,8 +27,8 @@ import urllib.parse
 import urllib.request
 import uuid
 
-from .nodes.common import NO_FILE, REPORTS_UI
-from .workflows.format import is_api_format, ui_to_api
+from ..nodes.common import NO_FILE, REPORTS_UI
+from ..workflows.format import is_api_format, ui_to_api
 
 SAMPLER, PROMPT_LIST = "SpecAR_Sampler", "SpecAR_PromptList"
 
@@ -151,7 +151,7 @@ def run(servers: list[str], workflow_file: str, prompts_file: str, out: pathlib.
         retries: int = 2, timeout: float = 1800, log=print) -> dict:
     if chunk < 1:
         raise QueueError(f"--chunk must be >= 1 (got {chunk})")
-    from .prompt_files import read_prompts
+    from ..prompt_files import read_prompts
 
     prompts = read_prompts(prompts_file, f"--prompts {prompts_file}")
     pool = [Server(u) for u in dict.fromkeys(servers)]
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     ap.add_argument("--retries", type=int, default=2, help="retries per entry on connection failures")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for one entry")
     args = ap.parse_args(argv)
-    from .output_folders import writable_folder
+    from ..output_folders import writable_folder
 
     res = run(args.server, args.workflow, args.prompts, writable_folder(args.out, "--out"), args.chunk, args.retries,
               args.timeout)

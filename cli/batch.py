@@ -38,10 +38,10 @@ def item_name(index: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .command_options import decoding_options, dtype_help, literal
-    from .loaders.static_cache import DECODE_PATHS
-    from .loaders.storage import STORAGES
-    from .sampling.config import MODE_HELP
+    from ..loaders.static_cache import DECODE_PATHS
+    from ..loaders.storage import STORAGES
+    from ..sampling.config import MODE_HELP
+    from .options import decoding_options, dtype_help, literal
 
     ap = argparse.ArgumentParser(prog="spec-ar batch", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     ap.add_argument("--model", required=True, help="checkpoint file or model folder ('embedded': the shipped model)")
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_of(args) -> dict:
     """What a replica needs to load and run: plain values (they travel to the actors)."""
-    from .sampling.config import KNOBS
+    from ..sampling.config import KNOBS
 
     keep = ("model", "vq", "text_encoder", "drafter", "negative_prompt", "mode", "seed", "resolution", "width",
             "height", "device", "dtype", "decode_path", "batch")
@@ -83,7 +83,7 @@ def options_of(args) -> dict:
     if args.mode != "ar" and not args.drafter and "window" not in out["settings"]:
         # auto would pick a width from each replica's own timings (so replicas, and reruns, could draw different
         # images for one seed): the auto base width instead, the same everywhere
-        from .sampling.config import DecodeConfig, parse
+        from ..sampling.config import DecodeConfig, parse
 
         settings = {name: parse(KNOBS[name], value, "cli") for name, value in out["settings"].items()}
         out["settings"]["window"] = str(DecodeConfig(mode=args.mode, **settings).drafting[0])
@@ -104,7 +104,7 @@ def _conditions(prompts: list[str], condition: str) -> list:
         return prompts
     bad = [p for p in prompts if not p.lstrip("-").isdigit()]
     if bad:
-        from .sampling import ConfigError
+        from ..sampling import ConfigError
 
         raise ConfigError(f"--prompts: a class-conditional model takes class ids, one per line (got {bad[0]!r})")
     return [int(p) for p in prompts]
@@ -132,10 +132,10 @@ class Renderer:
 
         import torch
 
-        from .loaders.base import resolve_device
-        from .loaders.detect import load_drafter, load_model
-        from .sampling import DecodeConfig, SpeculativeDecoder
-        from .sampling.config import KNOBS, parse
+        from ..loaders.base import resolve_device
+        from ..loaders.detect import load_drafter, load_model
+        from ..sampling import DecodeConfig, SpeculativeDecoder
+        from ..sampling.config import KNOBS, parse
 
         self.options, self.out, self.key = options, pathlib.Path(out), key
         device = resolve_device(options["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -153,8 +153,8 @@ class Renderer:
                                                                            "device": device}))
 
     def __call__(self, batch: dict) -> dict:
-        from .command_options import png_bytes
-        from .output_folders import write_all
+        from ..output_folders import write_all
+        from .options import png_bytes
 
         indices = [int(i) for i in batch["index"]]
         prompts = [str(p) for p in batch["prompt"]]
@@ -180,14 +180,14 @@ def write_manifest(out: pathlib.Path, key: str, options: dict, items: list[dict]
         {"index": i, "prompt": it["prompt"], "seed": it["seed"], "image": records[i]["image"],
          "record": f"{item_name(i)}.json", "actor": records[i]["actor"], "seconds": records[i]["seconds"]}
         for i, it in enumerate(items) if i in records]}
-    from .output_folders import write_all
+    from ..output_folders import write_all
 
     write_all(out, {MANIFEST: json.dumps(manifest, indent=1).encode()})
     return manifest
 
 
 def _check_folder(out: pathlib.Path, key: str) -> None:
-    from .output_folders import OutputError
+    from ..output_folders import OutputError
 
     path = out / MANIFEST
     if path.is_file():
@@ -216,14 +216,14 @@ def _render_on_ray(todo: list[dict], options: dict, out: pathlib.Path, key: str,
         import ray
         import ray.data
     except ImportError as err:
-        from .sampling import ConfigError
+        from ..sampling import ConfigError
 
         raise ConfigError(f'--ray needs Ray Data: pip install "ray[data]" ({err})') from None
     try:
         ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False,
                  ignore_reinit_error=True)
     except ConnectionError as err:
-        from .sampling import ConfigError
+        from ..sampling import ConfigError
 
         raise ConfigError(f"--ray {address}: cannot join that cluster ({' '.join(str(err).split())}). A cluster "
                           "started with `ray start` asks for its token (Ray's default since 2.59): run with "
@@ -253,11 +253,11 @@ def _render_on_ray(todo: list[dict], options: dict, out: pathlib.Path, key: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .loaders.detect import detect
-    from .output_folders import writable_folder
-    from .prompt_files import read_prompts
-    from .sampling import ConfigError, DecodeConfig
-    from .sampling.config import KNOBS, parse
+    from ..loaders.detect import detect
+    from ..output_folders import writable_folder
+    from ..prompt_files import read_prompts
+    from ..sampling import ConfigError, DecodeConfig
+    from ..sampling.config import KNOBS, parse
 
     args = build_parser().parse_args(argv)
     if args.batch < 1:

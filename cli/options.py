@@ -1,5 +1,5 @@
-"""What spec-ar's commands share (``render`` in cli.py, ``batch``): the decoding settings as options, read
-from the knob table; ``--dtype``'s help, from the storage table; images as PNG bytes."""
+"""What spec-ar's commands share (``render`` in __init__.py, ``batch`` in batch.py): the decoding settings as
+options, read from the knob table; ``--dtype``'s help, from the storage table; images as PNG bytes."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import argparse
 def decoding_options(ap: argparse.ArgumentParser):
     """One option per knob of the knob table (``--group-size``, ``--lantern-delta``, ...),
     read as text and checked by the table, so errors name the option."""
-    from .sampling.config import KNOBS, SAMPLING_FALLBACK, DecodeConfig
+    from ..sampling.config import KNOBS, SAMPLING_FALLBACK, DecodeConfig
 
     group = ap.add_argument_group("decoding settings (the knob table; defaults: the mode's and the model family's)")
     defaults = DecodeConfig()
@@ -29,7 +29,7 @@ def literal(text: str) -> str:
 
 def dtype_help() -> str:
     """``--dtype``'s help, from the storage table."""
-    from .loaders.storage import AUTO_HELP, STORAGES
+    from ..loaders.storage import AUTO_HELP, STORAGES
 
     return "how the weights are stored: " + "; ".join(f"{n}: {s.help}" for n, s in STORAGES.items()) + \
         f"; auto: {AUTO_HELP} (default)"
