@@ -157,6 +157,37 @@ def test_preview_throttle_keeps_previews_under_budget():
     assert throttle.due()
 
 
+class SteppedClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("preview_s", [0.002, 0.05, 0.4])
+def test_a_throttled_render_sends_previews_by_count_and_interval(preview_s):
+    """A 30 s render of 3000 steps (10 ms each), asking for a preview at every step as the
+    sampler node does: none in the first seconds, none closer than the interval, and
+    previews stay within the budget (one preview over at most, its cost unknown before)."""
+    clock = SteppedClock()
+    throttle = common.PreviewThrottle(clock=clock)
+    sent = []
+    for _ in range(3000):
+        clock.now += 0.01
+        if throttle.due():
+            sent.append(clock.now - throttle.start)
+            clock.now += preview_s
+            throttle.record(preview_s)
+    elapsed = clock.now - throttle.start
+    assert sent and sent[0] >= throttle.first
+    assert all(b - a >= throttle.interval for a, b in zip(sent, sent[1:]))
+    assert len(sent) <= 1 + (elapsed - throttle.first) / throttle.interval
+    assert throttle.count == len(sent) and throttle.spent <= throttle.budget * elapsed + preview_s
+    if preview_s <= 0.01:  # cheap previews: about one per interval
+        assert len(sent) >= (30 - throttle.first) / throttle.interval * 0.9
+
+
 def test_partial_preview_greys_rows_not_yet_committed():
     layout = TokenLayout.raster(4, 4, vocab_size=8)
     tokens = torch.zeros(1, 16, dtype=torch.long)
