@@ -116,8 +116,10 @@ def check_size(flavour: str, width: int, height: int) -> None:
 class ChameleonAdapter(TransformersAdapter):
     no_negative = "Chameleon models (Lumina-mGPT, Anole) have no negative prompt: leave it empty"
 
-    def __init__(self, model, tokenizer, spec: ChameleonSpec, codebook: torch.Tensor | None = None):
+    def __init__(self, model, tokenizer, spec: ChameleonSpec, codebook: torch.Tensor | None = None,
+                 masked: int | None = None):
         self.model, self.tokenizer, self.spec = model, tokenizer, spec
+        self.masked = masked  # Lumina-mGPT: the release's pad id, which the reference's generate masks out
         self.inner, self.head = model.model, model.lm_head
         self.device = next(model.parameters()).device
         self.vocab_size = model.config.vocab_size
@@ -166,7 +168,8 @@ class ChameleonAdapter(TransformersAdapter):
             ids = self.tokenizer(text, add_special_tokens=False).input_ids
             if ids[-1:] != [self.end_of_turn]:
                 raise CheckpointError(f"the tokenizer does not keep {END_OF_TURN} whole (got ids {ids[-3:]})")
-            return [self.bos] + ids + [self.start]  # <racm3:break> forced (the reference samples it)
+            ids = [self.bos] + ids + [self.start]  # <racm3:break> forced (the reference samples it)
+            return [t for t in ids if t != self.masked]
         return [self.bos] + self.tokenizer(prompt, add_special_tokens=False).input_ids + [self.end_of_turn, self.start]
 
     def unconditional_ids(self) -> list[int]:
@@ -298,12 +301,17 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
     if decoder.spec.n_embed != n_codes:
         raise CheckpointError(f"{where[1]}: the VQGAN has {decoder.spec.n_embed} codes but the vocabulary of "
                               f"{folder} has {n_codes} image tokens")
+    masked = None
+    if flavour == "lumina" and not meta:  # the reference's generate takes the pad id from the release
+        from .lumina2 import masked_id
+
+        masked = masked_id(folder, int(vocab[END_OF_TURN]) if END_OF_TURN in vocab else -1)
     model, tokenizer = load_model(folder, device, dtype)
 
     def build(size) -> LoadedModel:
         w, h = (size, size) if isinstance(size, int) else size
         check_size(flavour, w, h)
-        adapter = ChameleonAdapter(model, tokenizer, ChameleonSpec(flavour, w, h), decoder.codebook())
+        adapter = ChameleonAdapter(model, tokenizer, ChameleonSpec(flavour, w, h), decoder.codebook(), masked)
 
         def decode(tokens: torch.Tensor) -> torch.Tensor:
             return decoder.decode(adapter.codes_of(tokens))

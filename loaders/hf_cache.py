@@ -129,6 +129,9 @@ class TransformersAdapter(ImageAdapter):
     prompt_lengths: torch.Tensor | None = None
     #: the last prefill's token rows and padding mask ``[rows, S]`` (left-padded prompts)
     prompt_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+    #: the release's repetition penalty on the conditional branch, as the authors' ``generate`` applies it
+    #: (``generation_config.RepetitionPenalty``, kept beside the cache); None: none
+    repeats = None
 
     @property
     def feature_size(self) -> int:
@@ -173,6 +176,10 @@ class TransformersAdapter(ImageAdapter):
     def logits_from_features(self, features):
         return self._logits(features.reshape(-1, *features.shape[2:]))
 
+    def _first_column(self) -> int:
+        """The id of the logits' first column (a compact vocabulary's head rows start later)."""
+        return self.head_rows[0] if self.head_rows is not None else 0
+
     @torch.no_grad()
     def input_embeddings(self):
         return self.model.get_input_embeddings().weight.detach()[: self.vocab_size]
@@ -182,27 +189,36 @@ class TransformersAdapter(ImageAdapter):
         if self.decode_path == "eager":
             hidden = self._keep(self._hidden(tokens, self.cache.step_inputs(tokens.shape[1])))
             self.cache.commit()
-            return self._logits(hidden)
-        logits, features = static_forward(self, self.cache.kv, self._static_window, tokens)
-        if self.keep_features:
-            self.features = features.clone()
+            logits = self._logits(hidden)
+        else:
+            logits, features = static_forward(self, self.cache.kv, self._static_window, tokens)
+            if self.keep_features:
+                self.features = features.clone()
+        if self.repeats is not None:
+            self.repeats.window(logits[0], tokens.to(logits.device), self._first_column())
         return logits
 
     @torch.no_grad()
     def forward_tree(self, tokens, parents, graph=None):
         from ..sampling.tree import ancestors
 
+        within = None
         if self.decode_path == "eager":
-            reps = self.cache.kv.rows // tokens.shape[0]
             within, depth = (ancestors(parents), None) if graph is None else graph
+            reps = self.cache.kv.rows // tokens.shape[0]
             depth = None if depth is None else depth.repeat(reps, 1)
             keys = None if graph is None else self.cache.kv.keys_for(padded_width(tokens.shape[1]))  # as static reads
             hidden = self._keep(self._hidden(tokens, self.cache.tree_inputs(within.repeat(reps, 1, 1), keys, depth)))
             self.cache.commit()
-            return self._logits(hidden)
-        logits, features = static_forward(self, self.cache.kv, self._static_tree, tokens, parents, graph)
-        if self.keep_features:
-            self.features = features.clone()
+            logits = self._logits(hidden)
+        else:
+            logits, features = static_forward(self, self.cache.kv, self._static_tree, tokens, parents, graph)
+            if self.keep_features:
+                self.features = features.clone()
+        if self.repeats is not None:
+            if within is None:
+                within = ancestors(parents) if graph is None else graph[0]
+            self.repeats.tree(logits[0], tokens.to(logits.device), within, self._first_column())
         return logits
 
     # -- prompts and the cache loop of the text-prompted families -----------------------
@@ -238,7 +254,11 @@ class TransformersAdapter(ImageAdapter):
         self.cache = self._new_cache(self.inner, len(rows), width)
         hidden = self._keep(self.inner(input_ids=ids, **self.cache.prefill_inputs(pad_mask)).last_hidden_state)
         self.cache.commit()
-        return self._logits(hidden[:, -1])
+        logits = self._logits(hidden[:, -1])
+        if self.repeats is not None:  # the conditional rows come first
+            self.repeats.start(ids[: self.batch], pad_mask[: self.batch])
+            self.repeats.prefill(logits[0], self._first_column())
+        return logits
 
     @torch.no_grad()
     def _hidden(self, tokens, cache_inputs):
@@ -287,9 +307,13 @@ class TransformersAdapter(ImageAdapter):
     def keep_tree(self, nodes, counts):
         reps = len(self.cache.valid) // len(counts)
         self.cache.keep_tree(nodes.repeat(reps, 1), list(counts) * reps)
+        if self.repeats is not None:
+            self.repeats.keep_tree(nodes, list(counts))
 
     def rollback(self, n):
         self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))  # the same for every branch
+        if self.repeats is not None:
+            self.repeats.rollback(list(n))
 
     def cache_lengths(self):
         return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths

@@ -20,6 +20,16 @@ it runs as the linear rule. Then temperature 1, top-k 64000, top-p 1 over the wh
 ``id - len(tokenizer)`` clamped to 0..63999. The **departure**: here text ids are masked (the reference may
 draw one, which decodes as code 0 or 63999). Sizes: the script offers 256, 512, 768 and 1024 px (default);
 any multiple of 16 is accepted here.
+
+``generate_visual`` is transformers' ``generate`` with the guidance as a custom logits processor, so the release's
+``generation_config.json`` takes part (``generation_config.py``): ``generate.py`` passes ``do_sample``,
+``temperature``, ``top_p``, ``top_k``, ``max_new_tokens`` and ``use_cache`` itself, but a ``repetition_penalty``
+(Qwen2.5-Instruct ships 1.1) applies, before the guidance, to the conditional logits over the prompt and the image
+tokens so far; here too (:class:`~.generation_config.RepetitionPenalty`, on the adapter's conditional branch).
+A pad id that is not an end id is masked out of the conditional prompt where it occurs, as ``generate`` infers
+an attention mask from it; fields this pack cannot apply are refused when the model loads.  The reference's
+other two paths ignore the file: ``--sjd_sampling`` (its own loop) and ``--vllm_serving`` (explicit
+``SamplingParams``).
 """
 from __future__ import annotations
 
@@ -31,6 +41,7 @@ from ..formats.checkpoints import CheckpointError, from_pretrained, read_json, t
 from ..sampling.adapter import TokenLayout
 from ..sampling.config import shorten
 from .family import Detected, Family, LoadOptions, transformers_config
+from .generation_config import ReleaseGeneration, RepetitionPenalty, release_generation
 from .hf_cache import TransformersAdapter
 from .liquid import tokenizer_names
 from .storage import full_dtype, place
@@ -45,14 +56,22 @@ SIZES = (256, 512, 768, 1024)  # the reference script's choices
 DEFAULT_SIZE = 1024
 PROMPT_ROOM = 512  # positions kept for the prompt when sizes are checked against the model's positions
 DECODER_FOLDERS = ("Cosmos-1.0-Tokenizer-DV8x16x16", "Cosmos-Tokenizer-DV8x16x16", "cosmos", "tokenizer")
+SCRIPT = "SimpleAR's generate.py"
+#: what ``generate.py`` passes to ``generate_visual`` (so to transformers' ``generate``) itself: the release's
+#: generation_config.json values of these are overridden (``max_new_tokens`` sets ``max_length``)
+EXPLICIT = ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens", "max_length", "use_cache")
 
 
 class SimpleARAdapter(TransformersAdapter):
     guidance = "linear"
     sampling_defaults = {"cfg_scale": 6.0, "temperature": 1.0, "top_k": 64000, "top_p": 1.0}
 
-    def __init__(self, model, tokenizer, width: int, height: int, codebook: torch.Tensor | None = None):
+    def __init__(self, model, tokenizer, width: int, height: int, codebook: torch.Tensor | None = None,
+                 generation: ReleaseGeneration = ReleaseGeneration()):
         self.model, self.tokenizer = model, tokenizer
+        self.generation = generation
+        if generation.repetition_penalty != 1.0:
+            self.repeats = RepetitionPenalty(generation.repetition_penalty)
         self.inner, self.head = model.model, model.lm_head
         self.device = next(model.parameters()).device
         self.vocab_size = model.config.vocab_size
@@ -75,7 +94,9 @@ class SimpleARAdapter(TransformersAdapter):
             raise ValueError(f"negative prompt must be text for SimpleAR (got {shorten(bad[0])})")
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        return self.tokenizer(TEMPLATE.format(prompt=prompt)).input_ids
+        ids = self.tokenizer(TEMPLATE.format(prompt=prompt)).input_ids
+        # generate masks the release's pad id out of the conditional row where it is no end id
+        return [t for t in ids if t != self.generation.masked]
 
     def negative_ids(self, negative: str | None) -> list[int]:
         text = DEFAULT_NEGATIVE if negative is None else negative
@@ -157,6 +178,11 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
                               "give --vq FOLDER" + (f" ({vq} has no decoder.jit)" if vq else ""))
     decoder = CosmosDecoder.load(where, device=device, dtype=full_dtype(dtype, device))
     tokenizer = tokenizer_from_pretrained(folder)
+    generation = release_generation(folder, len(tokenizer), SCRIPT, EXPLICIT)  # before the weights are read
+    if generation.masked is not None and generation.masked == tokenizer.convert_tokens_to_ids(MARKERS[1]):
+        raise CheckpointError(f"{generation.source}: pad_token_id {generation.masked} is {MARKERS[1]}, the prompt's "
+                              "last token, which transformers' generate would then mask out of its own prediction: "
+                              "this pack does not; set pad_token_id to an end id or remove it")
     vocab = config.get("vocab_size")
     codes = decoder.spec.n_embed
     if not isinstance(vocab, int) or vocab - len(tokenizer) != codes:  # before the weights are read
@@ -170,7 +196,7 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
     def build(size) -> LoadedModel:
         w, h = (size, size) if isinstance(size, int) else size
         check_size(w, h, max_positions)
-        adapter = SimpleARAdapter(model, tokenizer, w, h, decoder.codebook())
+        adapter = SimpleARAdapter(model, tokenizer, w, h, decoder.codebook(), generation)
 
         def decode(tokens: torch.Tensor) -> torch.Tensor:
             return decoder.decode(adapter.codes_of(tokens))
@@ -178,7 +204,8 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
         return LoadedModel(family="simplear", name=f"SimpleAR ({folder.name})", adapter=adapter, decode=decode,
                            condition="text", resolutions=tuple(sorted({*sizes, w, h})), resize=build,
                            info={"resolution": w if w == h else None, "width": w, "height": h,
-                                 "grid": adapter.layout.grid, "vq": str(where)},
+                                 "grid": adapter.layout.grid, "vq": str(where),
+                                 "repetition_penalty": generation.repetition_penalty},
                            modules={"simplear": model, "cosmos": decoder.model},
                            decode_bytes_per_image=decoder.bytes_per_image(adapter.layout.grid))
 

@@ -136,9 +136,21 @@ def random_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
+def instruct_generation(**fields) -> dict:
+    """generation_config.json as Qwen2.5-0.5B-Instruct ships it (a SimpleAR release fine-tuned from it may keep
+    it), with this tokenizer's ids: sampling settings, its two end ids (``<|im_end|>``, ``<|endoftext|>``), and a
+    repetition penalty of 1.1; ``fields`` added or replaced."""
+    eos = len(bpe_vocabulary()[0])  # <|endoftext|>: the first special after the vocabulary
+    im_end = eos + QWEN_SPECIALS.index("<|im_end|>")
+    return {"bos_token_id": eos, "pad_token_id": eos, "do_sample": True, "eos_token_id": [im_end, eos],
+            "repetition_penalty": 1.1, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+            "transformers_version": "4.37.0", **fields}
+
+
 def write_simplear(folder: pathlib.Path, seed: int = 0, decoder: bool = True, codes: int = CODES,
-                   **sizes) -> pathlib.Path:
-    """A SimpleAR folder; its Cosmos decoder (``decoder``) beside it, where the reference script reads it."""
+                   generation: dict | None = None, **sizes) -> pathlib.Path:
+    """A SimpleAR folder; its Cosmos decoder (``decoder``) beside it, where the reference script reads it.
+    ``generation``: the generation_config.json to write (default: the special ids only)."""
     from .liquid_files import write_two_shards
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -146,9 +158,10 @@ def write_simplear(folder: pathlib.Path, seed: int = 0, decoder: bool = True, co
     cfg = config(text_ids, codes, **sizes)
     write_two_shards(folder, random_weights(cfg, seed))
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps({
-        "bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
-        "transformers_version": "4.47.0.dev0"}))
+    if generation is None:
+        generation = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
+                      "transformers_version": "4.47.0.dev0"}
+    (folder / "generation_config.json").write_text(json.dumps(generation))
     if decoder:
         from .cosmos_files import write_cosmos_decoder
 

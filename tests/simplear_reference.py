@@ -21,6 +21,20 @@ run by hand from the repository root, three steps:
        /tmp/refenv/bin/python -m tests.simplear_reference record /tmp/simplear-ref/SimpleAR-tiny SIMPLEAR \\
            tests/reference
 
+``reference/simplear_penalty.json`` is recorded the same way from a second folder, the same weights with the
+generation_config.json Qwen2.5-0.5B-Instruct ships (``simplear_files.instruct_generation``: repetition penalty 1.1,
+its sampling settings, two end ids), which ``from_pretrained`` loads and ``generate_visual``'s call to
+transformers' ``generate`` applies where ``generate.py`` passes nothing in its place; a 256 px image (256 tokens:
+the penalty first changes a greedy pick at token 74)::
+
+       .venv/bin/python -m tests.simplear_reference write-penalty /tmp/simplear-ref/SimpleAR-penalty
+       /tmp/refenv/bin/python -m tests.simplear_reference record-penalty /tmp/simplear-ref/SimpleAR-penalty \\
+           SIMPLEAR tests/reference
+
+(The environment of step 2 can also be the pack's ``.venv`` with transformers 4.47.1, tokenizers 0.21,
+huggingface_hub 0.x, accelerate 1.1.1, loguru and einops installed with ``pip install --target DIR --no-deps``
+and ``DIR`` put first on ``PYTHONPATH``: the torch is the same 2.13.)
+
 ``generate.py`` and the modules it calls run as written except for these textual replacements (printed as they
 are made): greedy picks (``do_sample=True`` -> ``False``: a recorded stream must not depend on a random
 generator), float32 weights on the CPU (``load_pretrained_model`` reads bfloat16, ``CausalVideoTokenizer``
@@ -46,12 +60,20 @@ GREEDY_PROMPT = "a red fox in snow"
 IMAGE_SIZE = 128  # 8 x 8 = 64 stream tokens
 CFG = 6.0  # the script's default
 LOGIT_POSITIONS = 12  # stream positions whose teacher-forced logits are kept
+PENALTY_IMAGE_SIZE = 256  # 16 x 16 = 256 stream tokens: long enough for the penalty to change a greedy pick
 
 
 def write(folder: str) -> None:
     from .simplear_files import write_simplear
 
     write_simplear(pathlib.Path(folder))
+
+
+def write_penalty(folder: str) -> None:
+    """The folder of :func:`write` with Qwen2.5-Instruct's generation_config.json (repetition penalty 1.1)."""
+    from .simplear_files import instruct_generation, write_simplear
+
+    write_simplear(pathlib.Path(folder), generation=instruct_generation())
 
 
 def _save_image_module():
@@ -73,19 +95,18 @@ def _save_image_module():
     return {"torchvision": vision, "torchvision.utils": vision.utils}
 
 
-def record(folder: str, checkout: str, out: str) -> None:
+def _reference(folder: pathlib.Path, root: pathlib.Path):
+    """``(tokenizer, model, generate.py as a module, kept, Cosmos decoder, work folder)``: the authors' code
+    loaded on ``folder`` with the textual replacements of the module docstring; ``kept`` fills as
+    ``generate`` runs."""
     import tempfile
 
-    import numpy as np
     import torch
     import transformers
-    from PIL import Image
-    from safetensors.torch import save_file
 
     from .cosmos_files import CONFIG as TINY
 
     assert transformers.__version__ == "4.47.1", transformers.__version__
-    folder, root, out = (pathlib.Path(p).resolve() for p in (folder, checkout, out))
     sys.path.insert(0, str(root))
     sys.modules.update(_save_image_module())
     sys.modules["mediapy"] = types.ModuleType("mediapy")  # video I/O the Cosmos code imports; never called
@@ -120,8 +141,24 @@ def record(folder: str, checkout: str, out: str) -> None:
     vq = script.CosmosTokenizer(checkpoint_dec=str(folder.parent / "Cosmos-1.0-Tokenizer-DV8x16x16" / "decoder.jit"),
                                 tokenizer_config=config, device="cpu", dtype="float32")
     vq.eval()
-    args = types.SimpleNamespace(image_size=IMAGE_SIZE, device="cpu", cfg_scale=CFG, temperature=1.0, top_p=1.0,
+    return tokenizer, model, script, kept, vq, work, masked
+
+
+def _args(image_size: int):
+    """``generate.py``'s command-line defaults, on the CPU, at ``image_size``."""
+    return types.SimpleNamespace(image_size=image_size, device="cpu", cfg_scale=CFG, temperature=1.0, top_p=1.0,
                                  top_k=64000, sjd_sampling=False, vllm_serving=False)
+
+
+def record(folder: str, checkout: str, out: str) -> None:
+    import numpy as np
+    import torch
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    folder, root, out = (pathlib.Path(p).resolve() for p in (folder, checkout, out))
+    tokenizer, model, script, kept, vq, work, masked = _reference(folder, root)
+    args = _args(IMAGE_SIZE)
     rows = {}
     for prompt in PROMPTS:  # the rows as generate() tokenizes them
         rows[prompt] = tokenizer("<|t2i|>" + "A highly realistic image of " + prompt + "<|soi|>").input_ids
@@ -146,10 +183,34 @@ def record(folder: str, checkout: str, out: str) -> None:
     print(f"recorded {len(stream)} stream tokens, logits {tuple(lc.shape)}, picture {picture.shape}, in {out}")
 
 
+def record_penalty(folder: str, checkout: str, out: str) -> None:
+    """The greedy stream of :data:`GREEDY_PROMPT` at :data:`PENALTY_IMAGE_SIZE` from the folder of
+    :func:`write_penalty`, ``generate.py`` otherwise as :func:`record` runs it."""
+    folder, root, out = (pathlib.Path(p).resolve() for p in (folder, checkout, out))
+    tokenizer, model, script, kept, vq, work, masked = _reference(folder, root)
+    settings = json.loads((folder / "generation_config.json").read_text())
+    assert model.generation_config.repetition_penalty == settings["repetition_penalty"] != 1.0
+    script.generate(model, vq, tokenizer, [GREEDY_PROMPT], str(work), _args(PENALTY_IMAGE_SIZE))
+    stream = kept["stream"]
+    assert len(stream) == (PENALTY_IMAGE_SIZE // 16) ** 2 and min(stream) >= len(tokenizer), min(stream)
+    record = {"source": "wdrink/SimpleAR @d56b6e5 on transformers 4.47.1 (tests/simplear_reference.py, "
+                        "record-penalty)",
+              "generation_config": settings, "cfg": CFG, "image_size": PENALTY_IMAGE_SIZE,
+              "greedy_prompt": GREEDY_PROMPT, "prompt": kept["prompt"], "unconditional": kept["uncond"],
+              "stream": stream}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "simplear_penalty.json").write_text(json.dumps(record))
+    print(f"recorded {len(stream)} stream tokens with repetition penalty {settings['repetition_penalty']} in {out}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["write"]:
         write(sys.argv[2])
+    elif sys.argv[1:2] == ["write-penalty"]:
+        write_penalty(sys.argv[2])
     elif sys.argv[1:2] == ["record"]:
         record(*sys.argv[2:5])
+    elif sys.argv[1:2] == ["record-penalty"]:
+        record_penalty(*sys.argv[2:5])
     else:
         raise SystemExit(__doc__)

@@ -128,6 +128,30 @@ def test_image_token_map_comes_from_the_vocabulary(lumina):
     assert torch.equal(vectors[ids.tolist().index(vocab["IMGIMGBCZ"])], ad.codebook[12])
 
 
+def test_lumina_masks_the_release_pad_id_out_of_its_prompt_as_the_reference_generate_does(lumina_folder, tmp_path):
+    """Lumina-mGPT's solver (``inference_solver.py`` @104abe4) passes ``generate`` its own ``GenerationConfig``
+    (end id ``<reserved08706>``, no pad id); transformers of its time (4.43 to 4.47) takes the pad id from the
+    release's generation_config.json and masks every prompt position holding it unless it is the end id: a pad
+    id equal to the BOS takes the BOS out of what the model sees (as for Lumina-mGPT 2.0); the end id masks
+    nothing."""
+    import json
+
+    copy = tmp_path / "Lumina-mGPT-7B-768"
+    copy.mkdir()
+    for f in lumina_folder.iterdir():
+        if f.name != "generation_config.json":
+            (copy / f.name).symlink_to(f)
+    plain = chameleon.load(lumina_folder, width=96, height=64).adapter
+    row = plain.prompt_ids("a cat")
+    assert row[0] == plain.bos and plain.bos not in row[1:]
+    end = plain.end_of_turn
+    (copy / "generation_config.json").write_text(json.dumps({"bos_token_id": plain.bos, "eos_token_id": end,
+                                                             "pad_token_id": plain.bos}))
+    assert chameleon.load(copy, width=96, height=64).adapter.prompt_ids("a cat") == row[1:]
+    (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": end, "pad_token_id": end}))
+    assert chameleon.load(copy, width=96, height=64).adapter.prompt_ids("a cat") == row
+
+
 def test_bad_input_gets_one_clear_error_each(lumina_folder, tmp_path):
     no_vq = write_chameleon(tmp_path / "novq", "lumina", vqgan=False)
     with pytest.raises(CheckpointError, match=r"novq: Lumina-mGPT needs Meta's VQGAN .* give --vq"):

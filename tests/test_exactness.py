@@ -381,3 +381,76 @@ def test_a_scale_per_position_is_verified_at_each_position(tmp_path_factory):
     constant = scheduled_joint(adapter, "a red fox", [2.0] * len(scales), top_k=3, temperature=30.0)
     pvalue, impossible = chi_square(constant, tokens)
     assert impossible > 0 or pvalue < 1e-6, (pvalue, impossible)
+
+
+# -- a release's repetition penalty: SimpleAR's adapter, the penalty over each position's own prefix --------
+def penalised_joint(adapter, prompt: str, cfg: float, top_k: int, temperature: float, penalty: float):
+    """The exact distribution of every stream of ``adapter``'s short layout as the authors' ``generate`` gives it:
+    full forwards of each prefix (no cache), transformers' own ``RepetitionPenaltyLogitsProcessor`` on the
+    conditional logits over the prompt and the prefix (``penalty`` 1: none), then guidance, temperature, top-k."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    model, n = adapter.model, adapter.layout.length
+    cond, uncond = adapter.prompt_ids(prompt), adapter.unconditional_ids()
+    image = adapter.image_ids
+    out = {}
+
+    def grow(prefix: list[int], p: float):
+        if len(prefix) == n:
+            out[tuple(prefix)] = p
+            return
+        with torch.no_grad():
+            lc = model(input_ids=torch.tensor([cond + prefix])).logits[:, -1].float()
+            if penalty != 1:
+                lc = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([cond + prefix]), lc)
+            lc = lc[0, image].double()
+            lu = model(input_ids=torch.tensor([uncond + prefix])).logits[0, -1, image].double()
+        top = ((lu + cfg * (lc - lu)) / temperature).topk(top_k)
+        for token, q in zip(image[top.indices].tolist(), top.values.softmax(0).tolist()):
+            grow(prefix + [token], p * q)
+
+    grow([], 1.0)
+    return out
+
+
+PENALISED = {"ar": dict(mode="ar"), "sjd": dict(mode="sjd"), "sjd-independent": dict(mode="sjd", draft_coupling="none"),
+             "proactive": dict(mode="sjd", proactive=3)}
+
+
+@pytest.fixture(scope="module")
+def few_codes(tmp_path_factory):
+    """A tiny SimpleAR with 8 image codes (repeats are frequent), without its decoder."""
+    from spec_ar.loaders import simplear
+
+    from .simplear_files import write_simplear
+
+    return simplear.load_model(write_simplear(tmp_path_factory.mktemp("simplear-exact") / "SimpleAR", codes=8,
+                                              decoder=False))
+
+
+@pytest.mark.parametrize("name", list(PENALISED))
+def test_a_release_repetition_penalty_is_verified_over_each_positions_own_prefix(few_codes, name, monkeypatch):
+    """SimpleAR's adapter with a release's repetition penalty (``generation_config.RepetitionPenalty``) on a 1 x 3
+    grid of 8 codes: the streams follow the joint enumerated with transformers' processor applied at each position
+    over its own prefix (a window's rows see the drafts before them, a proactive tree's nodes their ancestors), and
+    fail against the unpenalised joint (the control, on the same streams)."""
+    from spec_ar.loaders import generation_config
+    from spec_ar.loaders.simplear import SimpleARAdapter
+
+    trees = []
+    tree = generation_config.RepetitionPenalty.tree
+    monkeypatch.setattr(generation_config.RepetitionPenalty, "tree",
+                        lambda self, *a, **k: trees.append(1) or tree(self, *a, **k))
+    model, tokenizer = few_codes
+    adapter = SimpleARAdapter(model, tokenizer, 48, 16)
+    adapter.repeats = generation_config.RepetitionPenalty(2.0)  # as a release's repetition_penalty 2.0 sets it
+    cfg, top_k, temperature = 6.0, 3, 100.0  # a high temperature: the tiny model's logits are peaked
+    config = DecodeConfig(window=3, cfg_scale=cfg, top_k=top_k, temperature=temperature, top_p=1.0, **PENALISED[name])
+    decoder = SpeculativeDecoder(adapter, config)
+    tokens = torch.cat([decoder.generate(["a red fox"] * 250, seeds=chunk * 1000).tokens for chunk in range(6)])
+    assert len(set(map(tuple, tokens.tolist()))) > 10  # many streams: the test can tell
+    pvalue, impossible = chi_square(penalised_joint(adapter, "a red fox", cfg, top_k, temperature, 2.0), tokens)
+    assert impossible == 0 and pvalue > 1e-4, (pvalue, impossible)
+    pvalue, impossible = chi_square(penalised_joint(adapter, "a red fox", cfg, top_k, temperature, 1.0), tokens)
+    assert impossible > 0 or pvalue < 1e-6, (pvalue, impossible)
+    assert bool(trees) == (name == "proactive")  # the tree's nodes were penalised over their own ancestors

@@ -13,7 +13,7 @@ from spec_ar.loaders import simplear
 from spec_ar.loaders.detect import detect, load_model
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 
-from .simplear_files import DECODER_FOLDER, write_simplear
+from .simplear_files import DECODER_FOLDER, instruct_generation, write_simplear
 
 REFERENCE = pathlib.Path(__file__).parent / "reference"
 MODES = ["ar", "sjd", "gsd", "lantern", "vvs"]
@@ -30,6 +30,13 @@ def recorded():
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return write_simplear(tmp_path_factory.mktemp("simplear") / "SimpleAR-tiny")
+
+
+@pytest.fixture(scope="module")
+def penalised(tmp_path_factory):
+    """The same weights with the generation_config.json Qwen2.5-0.5B-Instruct ships (repetition penalty 1.1)."""
+    return write_simplear(tmp_path_factory.mktemp("simplear-penalty") / "SimpleAR-tiny",
+                          generation=instruct_generation())
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +91,72 @@ def test_the_greedy_stream_is_the_references(model, recorded, mode):
     res = SpeculativeDecoder(model.adapter, config).generate([record["greedy_prompt"]], seeds=0)
     assert res.tokens[0].tolist() == record["stream"]
     assert len(set(record["stream"])) > 20  # not a constant image
+
+
+@pytest.mark.parametrize("mode,path", [("ar", "eager"), ("sjd", "eager"), ("sjd", "static")])
+def test_the_release_repetition_penalty_gives_the_authors_greedy_stream(penalised, mode, path):
+    """A release whose generation_config.json is Qwen2.5-Instruct's (repetition penalty 1.1, temperature 0.7,
+    top-k 20, top-p 0.8, two end ids).  SimpleAR's ``generate_visual`` is transformers' ``generate`` with its
+    guidance as a custom logits processor, so ``generate`` puts the model's ``RepetitionPenaltyLogitsProcessor``
+    before it (over the prompt and the image tokens so far, on the conditional logits) while ``generate.py``'s own
+    sampling arguments override the rest.  ``reference/simplear_penalty.json`` is the authors' code run on this
+    folder (``simplear_reference.py record-penalty``: ``generate.py`` on transformers 4.47.1, greedy, text ids
+    masked after the guidance as in ``simplear.json``) at 256 px; it parts from the unpenalised greedy stream at
+    token 74 (checked below), so a pack that ignores the file's penalty fails here.  Decoded here: its first 96
+    tokens, as a 256 x 96 image (6 rows of 16: SimpleAR's positions are 1D, so each token depends only on the
+    ones before it, whatever the image's height).  Plain AR, SJD's windows and the static decode path all give
+    them."""
+    record = json.loads((REFERENCE / "simplear_penalty.json").read_text())
+    assert json.loads((penalised / "generation_config.json").read_text()) == record["generation_config"]
+    width, height = record["image_size"], 96
+    loaded = load_model(penalised, width=width, height=height, decode_path=path)
+    ad = loaded.adapter
+    assert ad.prompt_ids(record["greedy_prompt"]) == record["prompt"]
+    assert ad.unconditional_ids() == record["unconditional"]
+    config = DecodeConfig(mode=mode, top_k=1, cfg_scale=record["cfg"], window=16)
+    res = SpeculativeDecoder(ad, config).generate([record["greedy_prompt"]], seeds=0)
+    assert res.tokens[0].tolist() == record["stream"][:height]
+    assert loaded.info["repetition_penalty"] == 1.1
+    if mode == "ar" and path == "eager":  # the record is not the stream without the penalty
+        ad.repeats = None
+        unpenalised = SpeculativeDecoder(ad, config).generate([record["greedy_prompt"]], seeds=0).tokens[0].tolist()
+        first = next(i for i, (a, b) in enumerate(zip(unpenalised, record["stream"])) if a != b)
+        assert first == 74
+
+
+def test_a_pad_id_that_is_no_end_id_is_masked_out_of_the_conditional_prompt(folder, tmp_path):
+    """transformers' ``generate`` infers an attention mask from the release's pad id where it is no end id: the
+    conditional row's positions holding it are masked (the guidance processor runs the unconditional row itself,
+    unmasked).  A pad id that is the prompt's last token is refused."""
+    t2i_folder = tmp_path / "pad"
+    t2i_folder.mkdir()
+    for f in folder.iterdir():
+        if f.name != "generation_config.json":
+            (t2i_folder / f.name).symlink_to(f)
+    (tmp_path / DECODER_FOLDER).symlink_to(folder.parent / DECODER_FOLDER, target_is_directory=True)
+    tokenizer = load_model(folder, width=64, height=64).adapter.tokenizer
+    t2i, soi = (tokenizer.convert_tokens_to_ids(t) for t in ("<|t2i|>", "<|soi|>"))
+    (t2i_folder / "generation_config.json").write_text(json.dumps(instruct_generation(pad_token_id=t2i)))
+    ad = load_model(t2i_folder, width=64, height=64).adapter
+    row = tokenizer(simplear.TEMPLATE.format(prompt="a cat")).input_ids
+    assert row[0] == t2i and ad.prompt_ids("a cat") == row[1:]
+    assert ad.unconditional_ids()[0] == t2i
+    (t2i_folder / "generation_config.json").write_text(json.dumps(instruct_generation(pad_token_id=soi)))
+    with pytest.raises(CheckpointError, match=r"generation_config.json: pad_token_id \d+ is <\|soi\|>"):
+        load_model(t2i_folder, width=64, height=64)
+
+
+def test_a_generation_field_the_pack_cannot_apply_is_refused_before_the_weights_are_read(folder, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in folder.iterdir():  # no weights: the refusal comes first
+        if f.name != "generation_config.json" and "safetensors" not in f.name:
+            (bare / f.name).symlink_to(f)
+    (tmp_path / DECODER_FOLDER).symlink_to(folder.parent / DECODER_FOLDER, target_is_directory=True)
+    (bare / "generation_config.json").write_text(json.dumps(instruct_generation(no_repeat_ngram_size=4)))
+    with pytest.raises(CheckpointError, match=r"bare/generation_config.json: no_repeat_ngram_size 4: with it "
+                                              r"SimpleAR's generate.py, through transformers' generate, bans"):
+        simplear.load(bare, width=64, height=64)
 
 
 def test_the_decoder_gives_the_reference_pixels_of_the_stream(model, recorded):
