@@ -303,7 +303,7 @@ def load(folder, vq=None, device="cpu", dtype=torch.float32, width=None, height=
                               f"{folder} has {n_codes} image tokens")
     masked = None
     if flavour == "lumina" and not meta:  # the reference's generate takes the pad id from the release
-        from .lumina2 import masked_id
+        from .generation_config import masked_id
 
         masked = masked_id(folder, int(vocab[END_OF_TURN]) if END_OF_TURN in vocab else -1)
     model, tokenizer = load_model(folder, device, dtype)

@@ -234,3 +234,14 @@ class RepetitionPenalty:
         p = self.penalty
         penalised = torch.where(value < 0, value * p, value / p)  # as RepetitionPenaltyLogitsProcessor
         logits.scatter_reduce_(2, col, torch.where(seen, penalised, value), "amin" if p > 1 else "amax")
+
+
+def masked_id(folder: pathlib.Path, image_end: int) -> int | None:
+    """The id the reference's ``generate`` masks out of its prompt: transformers 4.46 fills the unset pad id of
+    the solver's ``GenerationConfig`` from the model's (``generation_config.json``, or ``config.json`` without
+    one) and, that id differing from the end id (``<eoss>``; Lumina-mGPT's solver: ``<reserved08706>``), masks
+    every prompt position holding it.  A pad id equal to the BOS the prompt starts with therefore takes BOS out
+    of what the model sees."""
+    generation = folder / "generation_config.json"
+    pad = read_json(generation if generation.is_file() else folder / "config.json").get("pad_token_id")
+    return pad if isinstance(pad, int) and not isinstance(pad, bool) and pad != image_end else None

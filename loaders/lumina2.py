@@ -13,7 +13,7 @@ Reference generation (Alpha-VLLM/Lumina-mGPT-2.0 @f44a4d7, ``inference_solver.py
 ``generate_examples/generate.py``, defaults of ``scripts/sample.sh``): BOS (the tokenizer's EOS when it has
 none) and the turn ``Generate an image of {w}x{h} according to the following prompt:\\n{prompt}`` +
 ``<reserved08706>`` encoded as one text (where the pad id the reference's ``generate`` takes from the release's
-configuration is the BOS, transformers masks BOS out: so here, :func:`masked_id`); the model then writes
+configuration is the BOS, transformers masks BOS out: so here, ``generation_config.masked_id``); the model then writes
 ``<racm3:break>`` and the two size tokens ``<reserved{8800 + side / 32}>`` (height, width), ``H = h / 8`` rows
 of ``W = w / 8`` codes each closed by ``<reserved08799>`` (forced) and ``<eoss>`` (forced). Here
 ``<racm3:break>`` ends the prompt and the size tokens are forced to the requested size (the **departure**, as
@@ -35,6 +35,7 @@ from ..sampling.adapter import TokenLayout
 from .chameleon import (END_OF_TURN, IMAGE_END, IMAGE_START, LUMINA_EOL, LUMINA_TEMPLATE, LUMINA2_IMAGE_BASE,
                         SIZE_UNIT, is_lumina2, size_token)
 from .family import Detected, Family, LoadOptions, transformers_config
+from .generation_config import masked_id
 from .hf_cache import TransformersAdapter
 from .storage import full_dtype
 
@@ -58,17 +59,6 @@ def guidance_schedule(scale: float, rows: int, cols: int, length: int) -> torch.
             s = max(MIN_SCALE, s * (1 - n / area))
         out.append(s)
     return torch.tensor(out, dtype=torch.float64).float()
-
-
-def masked_id(folder: pathlib.Path, image_end: int) -> int | None:
-    """The id the reference's ``generate`` masks out of its prompt: transformers 4.46 fills the unset pad id of
-    the solver's ``GenerationConfig`` from the model's (``generation_config.json``, or ``config.json`` without
-    one) and, that id differing from the end id (``<eoss>``; Lumina-mGPT's solver: ``<reserved08706>``), masks
-    every prompt position holding it.  A pad id equal to the BOS the prompt starts with therefore takes BOS out
-    of what the model sees."""
-    generation = folder / "generation_config.json"
-    pad = read_json(generation if generation.is_file() else folder / "config.json").get("pad_token_id")
-    return pad if isinstance(pad, int) and not isinstance(pad, bool) and pad != image_end else None
 
 
 def token_id(tokenizer, name: str) -> int:
