@@ -37,7 +37,7 @@ def run(model, modes, batches, repeats, seed, drafter=None, depth=3):
             prompts = (PROMPTS * batch)[:batch]
             times = {v: [] for v in decoders}
             results = {}
-            for v, dec in decoders.items():  # a first decode each: the window on auto probes its costs
+            for v, dec in decoders.items():  # a first decode each: the window on auto tries its widths
                 dec.generate(prompts, seeds=seed)
             for _ in range(repeats):
                 for v, dec in decoders.items():

@@ -325,8 +325,9 @@ def run(args, log=print) -> dict:
 
 def main(argv=None) -> int:
     """``spec-ar bench [options]``, ``spec-ar bench overhead [options]`` (the engine's own cost), or
-    ``spec-ar bench storage [options]`` (weight storage options side by side), or ``spec-ar bench gpu
-    [options]`` (bandwidth, 7B-class forwards against their floor, the embedded model per mode)."""
+    ``spec-ar bench storage [options]`` (weight storage options side by side), ``spec-ar bench gpu
+    [options]`` (bandwidth, 7B-class forwards against their floor, the embedded model per mode), or
+    ``spec-ar bench auto-window [options]`` (the window on auto, quiet and beside busy processes)."""
     from ..embedded_tools.demo import PROMPTS
     from .sweeps import sweep_help
 
@@ -343,6 +344,10 @@ def main(argv=None) -> int:
         from .gpu import main as gpu
 
         return gpu(argv[1:])
+    if argv[:1] == ["auto-window"]:
+        from .auto_window import main as auto_window
+
+        return auto_window(argv[1:])
 
     ap = argparse.ArgumentParser(prog="spec-ar bench", description=__doc__, epilog=sweep_help(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

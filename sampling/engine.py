@@ -40,7 +40,6 @@ synchronisation (AR: every ``AR_CHECK_EVERY`` steps, naming the first bad one).
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -129,7 +128,7 @@ class SpeculativeDecoder:
             config = replace(config, drafter=getattr(drafter, "name", "") or "draft model")
         elif config.drafter:
             raise ConfigError(f"the settings name a draft model ({config.drafter!r}) but none is attached")
-        # the window on auto (Jacobi drafts, not set): chosen per decode from this device's costs (window.py)
+        # the window on auto (Jacobi drafts, not set): found on the decode's own steps (window.py)
         self.auto_window = drafter is None and config.window is None and config.mode != "ar"
         config = config.with_defaults(getattr(adapter, "sampling_defaults", {}))
         geometry = None
@@ -263,11 +262,17 @@ class SpeculativeDecoder:
         with timer.model():
             logits = ad.prefill(conditions, negatives, self.guided)
         check_shape("prefill", logits, (ad.branches(self.guided), B, ad.vocab_size))
-        config, choice = self.config, None
+        config, choice, trial = self.config, None, None
         if self.auto_window:
             choice = self._choose_window(B)
-            config = replace(config, window=choice.width)
+            if isinstance(choice, window.Trial):  # widths tried in this decode: the state is made for the widest
+                trial, choice = choice, None
+                config = replace(config, window=max(window.CANDIDATES))
+            else:
+                config = replace(config, window=choice.width)
         st = DecodeState(ad, config, seeds, device, self.geometry)
+        if trial is not None:
+            st.set_drafts(trial.width)
         if self.rows:
             st.fixed = torch.full_like(st.seq, -1)
             st.row_drafted = torch.zeros_like(st.seq, dtype=torch.bool)
@@ -283,7 +288,7 @@ class SpeculativeDecoder:
         st.produced += 1
         st.verified += 1
         st.host_committed = [1] * B
-        if st.drafts:
+        if st.drafting:
             st.ring[:, 0] = probs[:, 0]  # position 0's p: sample-left draws from it
             st.draft_end += 1
             st.host_draft_end = [1] * B
@@ -298,19 +303,29 @@ class SpeculativeDecoder:
         plan = None
         while min(st.host_committed) < T:
             st.step += 1
+            if trial is not None and trial.open:  # the decode times its own steps (window.Trial)
+                began, before, forward = window.now(), sum(st.host_committed), plan is None
             if plan is not None:
                 self._skip(st, *plan)
                 plan = None
-            elif st.drafts:
+            elif st.drafting:
                 plan = self._tree_step(st, timer) if self.tree else self._verify(st, timer)
             else:
                 self._autoregressive(st, timer)
+            if trial is not None and trial.open:  # (a verify step ends on its host sync: the time is the device's)
+                width = trial.record(window.now() - began, forward, (sum(st.host_committed) - before) / B)
+                if width is not None:
+                    st.set_drafts(width)
             self._notify(callback, st)
 
-        if not st.drafts:
+        if not st.drafting:
             check_ar(st)
         timer.stop()
         memory = self._memory_mb(st, timer)
+        if trial is not None:
+            config, choice = replace(config, window=st.drafts), window.Choice(trial.width, trial.reason)
+            if not trial.open:  # later decodes at this batch start at the width kept (window.py)
+                self._window_profile()[self._window_key(B)] = choice
         reports = build_reports(st, config, timer, memory, ad.device, getattr(self.drafter, "name", ""),
                                 choice.reason if choice else "")
         tokens = st.seq[:, :T]
@@ -328,19 +343,30 @@ class SpeculativeDecoder:
         return ad.to_compact(ids) if isinstance(ad, CompactVocabulary) else ids
 
     # -- the window on auto -------------------------------------------------------
-    def _choose_window(self, batch: int) -> "window.Choice":
-        """The window on auto for this batch: forward costs measured once per adapter, batch,
-        guidance, decode path and device, and kept on the adapter (one per loaded model)."""
-        ad = self.adapter
-        # kept on the model's own adapter (a compact vocabulary's wrapper lives as long as its decoder)
-        profile = self.base_adapter.__dict__.setdefault("window_profile", {})
-        key = ("costs", batch, self.guided, ad.decode_path, str(ad.device), ad.vocab_size)
-        if key not in profile:
-            image_id = int(torch.nonzero(ad.layout.image_tokens)[0])
-            profile[key] = window.probe(ad, self.pipeline, batch, image_id)
+    def _choose_window(self, batch: int) -> "window.Choice | window.Trial":
+        """The window on auto for this batch (window.py): the preset under a skipping schedule (VVS)
+        or with trees beside the window, else a width kept from this session's first decode at this
+        batch, else a trial in this decode.  The width kept lives on the adapter (one per loaded
+        model), by batch, guidance, decode path and device."""
+        preset = self.config.window
+        if self.config.verify_schedule != "every":
+            return window.Choice(preset, window.SKIPS_KEEP_PRESET.format(preset=preset))
+        if self.proactive or self.rows:
+            what = "proactive drafts" if self.proactive else "row-parallel drafts"
+            return window.Choice(preset, window.TREES_KEEP_PRESET.format(preset=preset, what=what))
+        kept = self._window_profile().get(self._window_key(batch))
+        if kept is not None:
+            return window.Choice(kept.width, f"{kept.reason} (kept from this session's first decode at this batch)")
         drafting = "independent" if self.config.draft_coupling == "none" else "coupled"
-        return window.choose(profile[key], window.Acceptance(window.PRIOR[drafting], self.config.window),
-                             self.config.window, batch)
+        return window.Trial(preset, window.Acceptance(window.PRIOR[drafting], preset), batch)
+
+    def _window_profile(self) -> dict:
+        # kept on the model's own adapter (a compact vocabulary's wrapper lives as long as its decoder)
+        return self.base_adapter.__dict__.setdefault("window_profile", {})
+
+    def _window_key(self, batch: int) -> tuple:
+        ad = self.adapter
+        return ("kept", batch, self.guided, ad.decode_path, str(ad.device), ad.vocab_size)
 
     def _memory_mb(self, st: DecodeState, timer: "Timer") -> float:
         if timer.cuda:

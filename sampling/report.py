@@ -58,7 +58,7 @@ class DecodeReport:
         if self.mode == "ar":
             drafts = ""
         elif self.window_choice and not self.settings.get("window"):
-            drafts = "window on auto: plain AR steps, predicted faster here than any window, "
+            drafts = "window on auto: plain AR steps, faster here than any window, "
         elif self.drafter:
             drafts = f"drafts from {self.drafter} ({self.drafter_time_s * 1000:.0f} ms), "
         else:

@@ -100,7 +100,9 @@ class DecodeState:
         self.batch_idx = torch.arange(self.batch, device=device).unsqueeze(1)
         sizes = Sizes.of(config, lay)
         self.drafts, self.skips, self.max_commit = sizes.drafts, sizes.skips, sizes.max_commit
+        self.drafting = sizes.drafts > 0  # drafts and verifies (its width may change: set_drafts)
         self.horizon, self.max_window, self.ring_size = sizes.horizon, sizes.max_window, sizes.ring_size
+        self.sized_for = sizes.drafts
         self.forced_at = torch.cat([lay.forced, torch.full((sizes.pad,), -1, dtype=torch.long)]).to(device)
         free = torch.where(self.forced_at < 0, torch.arange(self.forced_at.numel(), device=device), -1)
         self.prev_free = torch.cummax(free, 0).values  # nearest free position <= t
@@ -138,6 +140,17 @@ class DecodeState:
         # token) per step: origins, histograms and counts are rebuilt from it once
         # decoding ends (report.build_reports)
         self.log: list[tuple] = []
+
+    def set_drafts(self, drafts: int) -> None:
+        """Draft ``drafts`` tokens a window from the next step on (the window on auto tries two
+        widths in a decode, window.Trial); the state stays sized for the width it was made
+        for, the widest.  0 drafts: a forward of one token verifies nothing, the verify
+        step's plain AR step."""
+        if not self.drafting or not 0 <= drafts <= self.sized_for:
+            raise ValueError(f"a state made for {self.sized_for} drafts cannot run {drafts}")
+        self.drafts = drafts
+        self.max_commit = drafts + 1 if self.skips else 0
+        self.horizon = drafts + self.max_commit
 
     def buffer(self, name: str, rows: int) -> torch.Tensor:
         """A reusable ``[B, rows, V]`` float32 buffer (CPU allocations of this size

@@ -4,52 +4,88 @@ A wider window commits more tokens per forward but costs more per forward; how
 much more depends on the device, the batch and the model.  On a GPU a forward
 reads the weights once whatever its width, so a window of 32 costs about what
 one token does; on a CPU a batch of 8 is compute-bound and every draft row costs
-its share.  So the engine measures, once per adapter, batch, guidance and decode
-path (:func:`probe`), what a forward and its processing cost at each
-:data:`CANDIDATES` width (the widths taking turns, each keeping its least time:
-on a busy machine one stall during the probe once moved the choice to a width
-1.2x slower than ``ar``), and models the tokens a window of ``L`` drafts commits
-per forward as ``1 + e * (L / L0) ** SHAPE``: the tokens past the one every
-forward commits grow as a power of the width (Jacobi drafts deep in a
-window have been refined by more passes, so they fare better than one
-acceptance rate per draft would say).  ``SHAPE`` was measured on the embedded
-model (batch 8, coupled drafts: 1.63, 1.97, 2.52, 3.41, 4.86 and 5.61 tokens
-per forward at widths 1, 2, 4, 8, 16 and 24, slope 0.62 on a log-log plot);
-``e`` comes from the tokens per forward measured at the preset width
-(:data:`PRIOR`, by drafting).  It keeps the drafting's preset width unless
-another is predicted :data:`GAIN` times faster, so that it moves only where the
-preset is clearly wrong for the device (a compute-bound batch, say), not on
-noise.  A batch steps until its slowest image is done (:func:`straggle`), which
-costs most where forwards cost most: at batch 32 on the embedded model the
-slowest image took 1.07x the mean image's forwards at window 1 and 1.45x at 24.
+its share.  So the decode finds out on its own steps (:class:`Trial`): it starts
+at the drafting's preset width, runs :data:`TRIAL` forwards there and as many at
+the narrow width :data:`NARROW`, and times them (the engine's work included;
+the median step, so a stall inflates one figure, not a width's).  A forward's
+cost is close to a line in the rows it scores (:class:`CostLine`: flat where
+the weights' reads dominate, steep where the arithmetic does), so the two give
+every :data:`CANDIDATES` width's cost; where the line predicts another width
+(or plain AR steps) fastest, that width runs :data:`TRIAL` forwards too.  The
+decode then keeps the fastest width it ran, the preset unless another commits
+:data:`GAIN` times its tokens per second in both halves of their steps taken
+apart (repeated agreement: one stretch of stalls cannot move it).
 
-The choice depends on measured costs, not on what earlier decodes accepted:
-with the costs kept on the model, the same settings and seed give the same image
-again in a session.  Across machines (or after a restart, where costs are
-measured again) an image on auto is the same whenever the choice is; a set
-window makes it the same anywhere.
+Tokens per forward at a width are modelled as ``1 + e * (L / L0) ** SHAPE``: the
+tokens past the one every forward commits grow as a power of the width (Jacobi
+drafts deep in a window have been refined by more passes, so they fare better
+than one acceptance rate per draft would say).  ``SHAPE`` was measured on the
+embedded model (batch 8, coupled drafts: 1.63, 1.97, 2.52, 3.41, 4.86 and 5.61
+tokens per forward at widths 1, 2, 4, 8, 16 and 24, slope 0.62 on a log-log
+plot); ``e`` comes from the tokens per forward measured at the preset width
+(:data:`PRIOR`, by drafting).  The trial's own tokens per forward are reported but
+not weighed: a window's first passes refine drafts that started from a guess
+(the embedded model's first six forwards at window 24 commit 1.1 tokens each,
+against 6.0 over an image), and one stretch of an image accepts more than another.
+A batch steps until its slowest image is done (:func:`straggle`), which costs
+most where forwards cost most: at batch 32 on the embedded model the slowest
+image took 1.07x the mean image's forwards at window 1 and 1.45x at 24.
+
+An earlier version measured the widths with forwards of their own before the
+decode (a probe).  On a busy machine one such probe chose plain AR steps that ran
+6x slower than window 24, and its forwards, made only to be timed, cost 150 ms of
+a 440 ms image at batch 1 on two quiet cores (900 ms beside a busy process).  The
+decode's own steps cost nothing extra where the preset is right but the narrow
+width's shorter commits, and a width is kept only on what the decode saw.
+
+The width kept is kept on the model for its batch size, so later decodes in a
+session start at it and try nothing: the same settings and seed then give the
+same image again.  The first decode at a batch size runs two or three widths (its
+image is still exact in the lossless modes: each step is a valid speculative step
+whatever its width; which steps run which width depends on forward counts only,
+the width kept on the times); across machines or after a restart the choice is
+made again, and a set window makes an image the same anywhere.  The report says
+what each width cost, what the line predicted and what was kept.
 """
 from __future__ import annotations
 
 import time
-from statistics import NormalDist
+from statistics import NormalDist, median
 from typing import NamedTuple
-
-import torch
 
 #: draft widths considered (a window of L drafts scores L + 1 tokens per forward; 0: plain AR steps, where no
 #: window pays, as on a device whose every row costs its full share)
 CANDIDATES = (0, 1, 2, 4, 8, 16, 24, 32)
-#: how much faster (predicted) another width must be than the preset to replace it
-GAIN = 1.15
 #: how the tokens past the first grow with the width (see the module docstring)
 SHAPE = 0.62
 #: tokens per forward at the preset width, by drafting: the embedded model's (docs/benchmarks.md; coupled
-#: drafts at window 24: 6.07 at batch 1, 5.95 at batch 8; SJD's independent drafts at 16: 3.44)
+#: drafts at window 24: 6.07 at batch 1, 5.95 at batch 8; SJD's independent drafts at 16: 3.44); the decode's
+#: own windows replace it
 PRIOR = {"coupled": 6.0, "independent": 3.4}
 #: the standard deviation of an image's forwards over a batch, as a share of the stream's tokens: the embedded
 #: model's, 32 prompts and seeds, windows 1 to 32: 6.8-9.1 forwards for 256 tokens whatever the width
 SPREAD = 0.031
+#: forwards each width of a trial runs (the median of each half of them is that half's cost of a forward)
+TRIAL = 6
+#: the width tried beside the preset: far enough from it that the two give the cost line's slope
+NARROW = 2
+#: how much faster a width must be than the preset, in both halves of the trial, to replace it
+GAIN = 1.05
+#: why a skipping schedule (VVS) keeps the preset on auto: its skips commit the window's tail unverified, and a
+#: narrow window's tail is drafted from the context its pass rejected (``spec-ar evaluate --modes ar vvs --images
+#: 200`` at batch 50, where the CPU's choice had moved to window 2: FD to ar 185.6; windows set by hand: 2: 185.6,
+#: 16: 59.6, 24: 52.3; noise floor 37.3)
+SKIPS_KEEP_PRESET = ("window {preset} on auto: the preset, kept for a skipping schedule (its skips commit the "
+                     "window's tail unverified, which a narrow window drafts from what its pass rejected: on the "
+                     "embedded model FD to ar 185.6 at window 2 against 52.3 at 24, noise floor 37.3)")
+#: why trees beside the window (proactive, row-parallel drafting) keep the preset: their sizes follow its width
+TREES_KEEP_PRESET = ("window {preset} on auto: the preset, kept for the {what} beside the window (its size follows "
+                     "the window's)")
+
+
+def now() -> float:
+    """The clock the trials read (tests put a device of their own behind it)."""
+    return time.perf_counter()
 
 
 class Choice(NamedTuple):
@@ -64,9 +100,10 @@ class Acceptance(NamedTuple):
     width: int
 
     def at(self, width: int) -> float:
-        """Tokens per forward predicted at ``width``."""
+        """Tokens per forward predicted at ``width`` (a window of ``width`` drafts commits at most
+        ``width + 1``)."""
         extra = max(self.tokens_per_forward - 1.0, 0.0)
-        return 1.0 + extra * (width / self.width) ** SHAPE
+        return min(1.0 + extra * (width / self.width) ** SHAPE, width + 1.0)
 
 
 def straggle(batch: int) -> float:
@@ -79,63 +116,113 @@ def straggle(batch: int) -> float:
     return NormalDist().inv_cdf((batch - 0.375) / (batch + 0.25)) * SPREAD
 
 
-def choose(costs: dict[int, float], acceptance: Acceptance, preset: int, batch: int = 1) -> Choice:
-    """The width that commits a batch's tokens fastest; the preset unless another is predicted
-    :data:`GAIN` times faster.  ``costs``: seconds per forward by width.  A batch's forwards are
-    its slowest image's, :func:`straggle` more per token than its mean image's, which weighs
-    most where forwards cost most (wide windows on a compute-bound device)."""
-    # plain AR steps commit one token per forward for every image alike: no image waits for another
-    per_forward = {w: 1.0 / (1.0 / acceptance.at(w) + (straggle(batch) if w else 0.0)) for w in costs}
-    rate = {w: per_forward[w] / c for w, c in costs.items()}
-    best = max(rate, key=rate.get)
-    if preset in rate and rate[best] < GAIN * rate[preset]:
-        best = preset
-    ms = ", ".join(f"{w}: {1000 * c:.2f}" for w, c in sorted(costs.items()))
-    slowest = (f" ({per_forward[best]:.2f} for a batch of {batch}, whose slowest image sets the forwards)"
-               if batch > 1 and best else "")
-    ar = "plain AR steps (no window is predicted faster here), " if best == 0 else ""
-    return Choice(best, f"window {best} on auto: {ar}{acceptance.at(best):.2f} tokens per forward{slowest} of "
-                        f"{1000 * costs[best]:.2f} ms predicted, {rate[best] / 1000:.3f} tokens/ms (window {preset}: "
-                        f"{rate[preset] / 1000:.3f}); ms per forward by window here: {ms}")
+def per_forward(width: int, acceptance: Acceptance, batch: int) -> float:
+    """Tokens a batch commits per forward at ``width``: its slowest image's (:func:`straggle`); plain AR
+    steps commit one token per forward for every image alike, so no image waits for another."""
+    return 1.0 / (1.0 / acceptance.at(width) + (straggle(batch) if width else 0.0))
 
 
-def probe(adapter, pipeline, batch: int, image_id: int, rounds: int = 3, budget: float = 2.0,
-          clock=time.perf_counter) -> dict[int, float]:
-    """Seconds per forward (and its processing) at each candidate width, on top of the
-    prefilled cache (rolled back after each; the cache a forward reads grows along the image,
-    but on the embedded model at batch 16 half an image more moved no width's cost beyond
-    the noise, docs/benchmarks.md).  The widths take turns for up to ``rounds`` rounds and
-    each keeps its least time, so a stall of the machine (another process, a page fault)
-    inflates one measurement, not a width's figure; a round starts only within ``budget``
-    seconds (forwards that take seconds, as an offloaded model's, are measured once: a stall
-    is small beside them).  A width is never taken to cost more than a wider one
-    (:func:`monotone`)."""
-    device = adapter.device
-    cuda = torch.device(device).type == "cuda"
-    inputs = {drafts: (torch.full((batch, drafts + 1), image_id, dtype=torch.long, device=device),
-                       torch.arange(1, drafts + 2, device=device).expand(batch, -1)) for drafts in CANDIDATES}
-    costs = dict.fromkeys(CANDIDATES, float("inf"))
-    began = clock()
-    for _ in range(rounds):
-        if clock() - began > budget:
-            break
-        for drafts, (tokens, target) in inputs.items():
-            if cuda:
-                torch.cuda.synchronize(device)
-            start = clock()
-            pipeline(adapter.forward(tokens), target)
-            if cuda:
-                torch.cuda.synchronize(device)
-            costs[drafts] = min(costs[drafts], clock() - start)
-            adapter.rollback([drafts + 1] * batch)
-    return monotone(costs)
+class CostLine(NamedTuple):
+    """Seconds per forward as a line in the rows a forward scores (``width + 1`` for a window)."""
+
+    fixed: float
+    per_row: float
+
+    @classmethod
+    def through(cls, costs: dict[int, float]) -> "CostLine":
+        """The line through the narrowest and widest of ``costs`` (seconds by width); never falling (a
+        forward of more rows does no less work: a narrow width that measured dearer met stalls)."""
+        lo, hi = min(costs), max(costs)
+        per_row = max((costs[hi] - costs[lo]) / (hi - lo), 0.0) if hi > lo else 0.0
+        return cls(max(costs[lo] - per_row * (lo + 1), 0.0), per_row)
+
+    def at(self, width: int) -> float:
+        return self.fixed + self.per_row * (width + 1)
 
 
-def monotone(costs: dict[int, float]) -> dict[int, float]:
-    """``costs`` with each width's cost at most that of any wider one: a forward of fewer
-    tokens does no more work, so a narrow width measured dearer met a stall."""
-    out, least = {}, float("inf")
-    for w in sorted(costs, reverse=True):
-        least = min(least, costs[w])
-        out[w] = least
-    return dict(sorted(out.items()))
+class Trial:
+    """Widths tried in the decode itself, :data:`TRIAL` forwards each: the preset, :data:`NARROW`,
+    and the width their :class:`CostLine` predicts fastest when that is neither; then the width
+    kept for the rest of it (the module docstring)."""
+
+    def __init__(self, preset: int, prior: Acceptance, batch: int, forwards: int = TRIAL, narrow: int = NARROW):
+        self.preset, self.prior, self.batch, self.forwards = preset, prior, batch, forwards
+        self.order = [preset] + ([narrow] if narrow != preset else [])
+        self.width = preset
+        self.steps: dict[int, list[float]] = {preset: []}  # seconds of each forward step, by width
+        self.other: dict[int, float] = {preset: 0.0}  # seconds of steps without a forward (VVS's skips)
+        self.tokens: dict[int, float] = {preset: 0.0}  # tokens the mean image committed
+        self.predicted = ""
+        self.kept: int | None = None
+        self.reason = f"window {preset} on auto: the decode ended during its trial (window {preset} ran last)"
+
+    @property
+    def open(self) -> bool:
+        return self.kept is None
+
+    def record(self, seconds: float, forward: bool, tokens: float) -> int | None:
+        """One step at :attr:`width` (``tokens``: what the mean image committed); the width to run
+        from the next step on where it changes, else ``None``."""
+        w = self.width
+        if forward:
+            self.steps[w].append(seconds)
+        else:
+            self.other[w] += seconds
+        self.tokens[w] += tokens
+        if len(self.steps[w]) < self.forwards:
+            return None
+        if len(self.steps) < len(self.order):  # the next width of the plan
+            return self._run(self.order[len(self.steps)])
+        if len(self.steps) == 2 and len(self.order) == 2:  # the line through both: a third width where it says so
+            best = self._predict()
+            if best not in self.steps:
+                self.order.append(best)
+                return self._run(best)
+        self.kept = self._decide()
+        self.width, changed = self.kept, self.kept != w
+        self.reason = self._story()
+        return self.kept if changed else None
+
+    def _run(self, width: int) -> int:
+        self.width = width
+        self.steps[width], self.other[width], self.tokens[width] = [], 0.0, 0.0
+        self.reason = f"window {width} on auto: the decode ended during its trial (window {width} ran last)"
+        return width
+
+    def cost(self, width: int, half: int | None = None) -> float:
+        """Seconds per forward step at ``width`` as run (``half`` 0 / 1: of the first / second half of
+        its steps), steps without a forward spread over the forwards."""
+        steps = self.steps[width]
+        part = steps if half is None else steps[: len(steps) // 2] if half == 0 else steps[len(steps) // 2:]
+        return median(part) + self.other[width] / len(steps)
+
+    def _predict(self) -> int:
+        line = CostLine.through({w: self.cost(w) for w in self.steps})
+        rate = {w: per_forward(w, self.prior, self.batch) / max(line.at(w), 1e-12) for w in CANDIDATES}
+        best = max(rate, key=lambda w: (rate[w], -w))  # of equals the narrowest: one token costs least
+        self.predicted = (f"their cost line ({1000 * line.fixed:.2f} ms + {1000 * line.per_row:.3f} ms a row) "
+                          f"predicted window {best} fastest")
+        return best
+
+    def _decide(self) -> int:
+        def rate(w, half):
+            return per_forward(w, self.prior, self.batch) / self.cost(w, half)
+
+        faster = [w for w in self.steps if w != self.preset
+                  and all(rate(w, h) >= GAIN * rate(self.preset, h) for h in (0, 1))]
+        return max(faster, key=lambda w: rate(w, None)) if faster else self.preset
+
+    def _story(self) -> str:
+        seen = "; ".join(f"window {w}: {1000 * self.cost(w):.2f} ms and {self.tokens[w] / len(s):.2f} tokens per "
+                         f"forward" for w, s in self.steps.items())
+        kept = self.kept
+        ar = "plain AR steps, " if kept == 0 else ""
+        rate = {w: per_forward(w, self.prior, self.batch) / self.cost(w) for w in self.steps}
+        if kept == self.preset:
+            why = f"the preset, as no width ran {GAIN:.2f}x faster than it in both halves of their steps"
+        else:
+            why = (f"{rate[kept] / rate[self.preset]:.2f}x the tokens per second of window {self.preset} "
+                   f"({GAIN:.2f}x or more in both halves of their steps)")
+        predicted = f"; {self.predicted}" if self.predicted else ""
+        return (f"window {kept} on auto: {ar}tried in this decode, {self.forwards} forwards each ({seen}{predicted}): "
+                f"kept {kept}, {why}")

@@ -1,39 +1,87 @@
-"""The window on auto: the width that commits the most tokens per second on the device
-at hand, from measured forward costs and observed acceptance; the report says why."""
+"""The window on auto: the width that commits the most tokens per second on the device at hand,
+found on the decode's own steps (the preset, a narrow width, and what their cost line predicts);
+kept for the session once chosen; the report says why."""
 from __future__ import annotations
 
 import pytest
 
 from spec_ar.loaders.synthetic import SyntheticAdapter
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder, window
-from spec_ar.sampling.window import Acceptance, choose
+from spec_ar.sampling.window import Acceptance, CostLine, Trial
 
 FLAT = {w: 0.010 for w in window.CANDIDATES}  # a memory-bound GPU: every width costs one read of the weights
 LINEAR = {w: 0.004 + 0.004 * (w + 1) for w in window.CANDIDATES}  # a compute-bound CPU batch: each row costs
-
-
-def test_a_memory_bound_device_keeps_a_wide_window():
-    choice = choose(FLAT, Acceptance(5.6, 24), preset=24)
-    assert choice.width >= 24
-    assert choice.reason.startswith(f"window {choice.width} on auto")
-
-
-def test_a_compute_bound_device_narrows_the_window():
-    assert choose(LINEAR, Acceptance(5.6, 24), preset=24).width <= 4
-
-
 FULL = {w: 0.001 * (w + 1) for w in window.CANDIDATES}  # every row costs its full share: no window pays
 
 
-def test_where_no_window_pays_plain_ar_steps_are_chosen():
+def run_trial(costs, preset=24, batch=1, tokens=None, stall=None, forwards=window.TRIAL):
+    """A trial on a device of ``costs`` (seconds by width), the windows committing what ``tokens``
+    predicts (default: the embedded model's 6 tokens per forward at 24, ``Acceptance.at``);
+    ``stall``: (width, step, seconds) lost once."""
+    tokens = tokens or Acceptance(6.0, 24).at
+    trial, ran = Trial(preset, Acceptance(6.0, 24), batch, forwards=forwards), []
+    while trial.open:
+        w = trial.width
+        n = len(trial.steps[w])
+        ran.append(w)
+        seconds = costs[w] + (stall[2] if stall and (w, n) == stall[:2] else 0.0)
+        trial.record(seconds, True, tokens(w))
+    return trial, ran
+
+
+def test_a_memory_bound_device_keeps_a_wide_window():
+    trial, ran = run_trial(FLAT)
+    assert trial.kept >= 24 and ran[:2 * window.TRIAL] == [24] * window.TRIAL + [2] * window.TRIAL
+    assert trial.reason.startswith(f"window {trial.kept} on auto: tried in this decode, 6 forwards each (window 24: "
+                                   "10.00 ms and 6.00 tokens per forward; window 2: 10.00 ms and")
+
+
+def test_a_compute_bound_device_narrows_the_window():
+    trial, _ = run_trial(LINEAR)
+    assert trial.kept <= 4 and "x the tokens per second of window 24" in trial.reason
+
+
+def test_where_no_window_pays_plain_ar_steps_are_tried_and_kept():
     for batch in (1, 8):
-        choice = choose(FULL, Acceptance(6.0, 24), preset=24, batch=batch)
-        assert choice.width == 0 and "plain AR steps" in choice.reason
+        trial, ran = run_trial(FULL, batch=batch)
+        assert set(ran) == {24, 2, 0} and trial.kept == 0
+        assert trial.reason.startswith("window 0 on auto: plain AR steps, tried in this decode")
+        assert "predicted window 0 fastest" in trial.reason
+
+
+def test_the_cost_line_runs_through_the_widths_measured_and_never_falls():
+    line = CostLine.through({24: 0.104, 2: 0.016})
+    assert line.at(24) == pytest.approx(0.104) and line.at(2) == pytest.approx(0.016)
+    assert line.at(0) == pytest.approx(0.008)
+    flat = CostLine.through({24: 0.010, 2: 0.012})  # the narrow width met a stall: no width is cheaper for more rows
+    assert flat.per_row == 0.0 and flat.at(32) == pytest.approx(0.012)
 
 
 def test_the_preset_stays_unless_another_width_is_clearly_faster():
-    nearly = {**FLAT, 32: 0.0105}  # 32 commits 16 % more per forward and costs 5 % more: 11 % faster
-    assert choose(nearly, Acceptance(5.6, 24), preset=24).width == 24
+    nearly = {**FLAT, 2: 0.0025}  # window 2 a quarter of 24's cost: 2.31 / 6 tokens a forward, 1.54x per second
+    assert run_trial(nearly)[0].kept == 2
+    close = {**FLAT, 2: 0.0037}  # 1.04x: less than the gain a width needs
+    assert run_trial(close)[0].kept == 24
+
+
+@pytest.mark.parametrize("stall_at", [(24, 0), (24, 4), (2, 1), (2, 5), (0, 2)])
+def test_a_stall_during_a_trial_changes_no_choice(stall_at):
+    """A second lost in one step, in either half of any width's steps: each half's cost is a
+    median, and a width is kept only when both halves agree."""
+    for costs in (FLAT, LINEAR, FULL):
+        assert run_trial(costs, stall=(*stall_at, 1.0))[0].kept == run_trial(costs)[0].kept
+
+
+def test_one_slow_stretch_does_not_move_the_decode_to_plain_ar_steps():
+    """The issue's busy machine, where a window costs about what one token does: the window's
+    first half of steps met a busy neighbour, the narrow width's and plain AR steps' did not.
+    Both halves must agree before the preset is left, so window 24 stays."""
+    trial = Trial(24, Acceptance(6.0, 24), batch=1)
+    for i in range(window.TRIAL):
+        trial.record(0.090 if i < window.TRIAL // 2 else 0.012, True, 6.0)
+    while trial.open:
+        trial.record(0.010, True, Acceptance(6.0, 24).at(trial.width))
+    assert trial.kept == 24 and "as no width ran 1.05x faster than it in both halves" in trial.reason
 
 
 def test_a_batch_waits_for_its_slowest_image():
@@ -43,11 +91,11 @@ def test_a_batch_waits_for_its_slowest_image():
 
 
 def test_the_slowest_image_narrows_a_window_whose_forwards_cost():
-    between = {w: 0.010 + 0.001 * (w + 1) for w in window.CANDIDATES}  # fixed cost, and 1 ms a row
-    assert choose(between, Acceptance(6.0, 24), preset=24, batch=1).width == 24
-    narrow = choose(between, Acceptance(6.0, 24), preset=24, batch=8)
-    assert narrow.width < 24 and "for a batch of 8, whose slowest image sets the forwards" in narrow.reason
-    assert choose(FLAT, Acceptance(6.0, 24), preset=24, batch=64).width >= 24  # a forward costs the same: stays wide
+    between = {w: 0.010 + 0.0006 * (w + 1) for w in window.CANDIDATES}  # fixed cost, and 0.6 ms a row
+    assert run_trial(between, batch=1)[0].kept == 24
+    narrow = run_trial(between, batch=32)[0]
+    assert narrow.kept < 24
+    assert run_trial(FLAT, batch=64)[0].kept >= 24  # a forward costs the same: stays wide
 
 
 def test_acceptance_is_what_was_observed_at_its_width_and_grows_with_it():
@@ -59,69 +107,40 @@ def test_acceptance_is_what_was_observed_at_its_width_and_grows_with_it():
     assert Acceptance(1.0, 16).at(32) == 1.0  # nothing accepted: nothing predicted
 
 
-class StallingModel:
-    """Forwards that cost ``LINEAR`` on a clock of their own, the first at ``stall_at`` drafts
-    taking a second more (the machine busy elsewhere for a moment)."""
-
-    device = "cpu"
-
-    def __init__(self, stall_at: int):
-        self.now, self.stall_at = 0.0, stall_at
-
-    def clock(self) -> float:
-        return self.now
-
-    def forward(self, tokens):
-        drafts = tokens.shape[1] - 1
-        self.now += LINEAR[drafts] + (1.0 if drafts == self.stall_at else 0.0)
-        self.stall_at = None if drafts == self.stall_at else self.stall_at
-
-    def rollback(self, lengths):
-        pass
+def test_steps_without_a_forward_count_in_their_width_s_cost():
+    trial = Trial(24, Acceptance(6.0, 24), batch=1, forwards=4)
+    for _ in range(4):
+        trial.record(0.002, False, 5.0)  # a VVS skip: tokens without a forward
+        trial.record(0.010, True, 6.0)
+    assert trial.cost(24) == pytest.approx(0.012) and trial.tokens[24] == pytest.approx(44.0)
 
 
-@pytest.mark.parametrize("stall_at", [None, 1, 8, 24])
-def test_a_stall_during_the_probe_changes_no_width_s_cost(stall_at):
-    model = StallingModel(stall_at)
-    costs = window.probe(model, lambda logits, target: None, batch=2, image_id=0, clock=model.clock)
-    assert costs == pytest.approx(LINEAR)
+# -- in the engine --------------------------------------------------------------------------------------------------
+
+class SimulatedDevice:
+    """A device behind the window's clock: each forward of the model costs ``costs[w]``, ``w``
+    the least width there that holds its drafts (its tokens less one)."""
+
+    def __init__(self, model, costs):
+        self.now, self.costs = 0.0, costs
+        forward = model.forward
+
+        def timed_forward(tokens, *args, **kwargs):
+            drafts = next((w for w in sorted(self.costs) if w >= tokens.shape[-1] - 1), max(self.costs))
+            self.now += self.costs[drafts]
+            return forward(tokens, *args, **kwargs)
+
+        self.forward = timed_forward
 
 
-class CacheLength(StallingModel):
-    """Records the cache length each forward starts from."""
-
-    def __init__(self):
-        super().__init__(stall_at=None)
-        self.length, self.starts = 0, []
-
-    def forward(self, tokens):
-        self.starts.append((self.length, tokens.shape[1]))
-        self.length += tokens.shape[1]
-        self.now += 0.001
-
-    def rollback(self, lengths):
-        self.length -= lengths[0]
-
-
-def test_the_probe_times_every_width_on_the_prefilled_cache_and_leaves_it_as_it_was():
-    model = CacheLength()
-    window.probe(model, lambda logits, target: None, batch=2, image_id=0, clock=model.clock)
-    assert len(model.starts) == 3 * len(window.CANDIDATES)  # three rounds of cheap forwards
-    assert {start for start, _ in model.starts} == {0}
-    assert sorted({width - 1 for _, width in model.starts}) == list(window.CANDIDATES)
-    assert model.length == 0
-
-
-def test_forwards_that_take_seconds_are_measured_once():
-    model = CacheLength()
-    model.forward = lambda tokens: setattr(model, "now", model.now + 1.5)  # an offloaded model's forwards
-    costs = window.probe(model, lambda logits, target: None, batch=1, image_id=0, clock=model.clock)
-    assert model.now == pytest.approx(1.5 * len(window.CANDIDATES))
-    assert all(c == pytest.approx(1.5) for c in costs.values())
-
-
-def test_a_narrow_width_is_never_taken_to_cost_more_than_a_wider_one():
-    assert window.monotone({1: 0.010, 2: 0.030, 4: 0.020, 8: 0.040}) == {1: 0.010, 2: 0.020, 4: 0.020, 8: 0.040}
+@pytest.fixture()
+def device(monkeypatch):
+    def install(model, costs):
+        simulated = SimulatedDevice(model, costs)
+        monkeypatch.setattr(model, "forward", simulated.forward)
+        monkeypatch.setattr(window, "now", lambda: simulated.now)
+        return simulated
+    return install
 
 
 @pytest.fixture()
@@ -129,49 +148,105 @@ def model():
     return SyntheticAdapter(codebook=64, rows=6, cols=6, end_of_line=True, sharpness=1.5, seed=1)
 
 
-def test_a_decode_on_auto_chooses_once_per_batch_and_reports_why(model, monkeypatch):
-    probes = []
-    real = window.probe
-    monkeypatch.setattr(window, "probe", lambda *a, **k: probes.append(a[2]) or real(*a, **k))
-    decoder = SpeculativeDecoder(model, DecodeConfig(mode="sjd"))
+@pytest.fixture()
+def long_model():  # long enough for a trial of three widths (window.TRIAL forwards each) and more
+    return SyntheticAdapter(codebook=64, rows=16, cols=16, end_of_line=False, sharpness=3.0, seed=2)
+
+
+def test_a_decode_on_auto_tries_widths_once_per_batch_and_reports_why(long_model, device):
+    device(long_model, LINEAR)
+    decoder = SpeculativeDecoder(long_model, DecodeConfig(mode="sjd"))
     first = decoder.generate([0, 1], seeds=3).reports[0]
-    assert first.settings["window"] in window.CANDIDATES
-    assert first.window_choice.startswith(f"window {first.settings['window']} on auto")
-    assert "(auto)" in first.summary()
-    decoder.generate([0, 1], seeds=4)
-    decoder.generate([0], seeds=4)
-    assert probes == [2, 1]  # measured once per batch size, then kept with the model
+    assert first.window_choice.startswith(f"window {first.settings['window']} on auto: tried in this decode")
+    assert first.settings["window"] <= 4 and "(auto)" in first.summary()
+    one = decoder.generate([0], seeds=4).reports[0]
+    assert "tried in this decode" in one.window_choice  # another batch size: tried anew
+    again = decoder.generate([0, 1], seeds=4).reports[0]
+    assert again.window_choice.endswith("(kept from this session's first decode at this batch)")
 
 
-def test_the_same_settings_and_seed_give_the_same_image_again(model):
-    decoder = SpeculativeDecoder(model, DecodeConfig(mode="sjd"))
-    first, again = (decoder.generate([0, 1], seeds=9) for _ in range(2))
-    assert (first.tokens == again.tokens).all()
-    assert first.reports[0].window_choice == again.reports[0].window_choice
+def test_a_short_decode_ends_during_its_trial_and_says_so(model, device):
+    device(model, LINEAR)
+    report = SpeculativeDecoder(model, DecodeConfig(mode="sjd")).generate([0, 1], seeds=3).reports[0]
+    assert "the decode ended during its trial" in report.window_choice
 
 
-def test_a_set_window_is_kept_and_nothing_is_measured(model, monkeypatch):
-    monkeypatch.setattr(window, "probe", lambda *a, **k: pytest.fail("probed a set window"))
+def test_the_same_settings_and_seed_give_the_same_image_again(long_model, device):
+    """Once the first decode at a batch size has tried its widths, the width kept holds for the
+    session: every later decode with the same settings and seed gives the same image."""
+    simulated = device(long_model, LINEAR)
+    decoder = SpeculativeDecoder(long_model, DecodeConfig(mode="sjd"))
+    trial, again = (decoder.generate([0, 1], seeds=9) for _ in range(2))
+    simulated.costs = FLAT  # the machine changed: the session keeps what it kept
+    third = decoder.generate([0, 1], seeds=9)
+    assert "tried in this decode" in trial.reports[0].window_choice
+    assert (again.tokens == third.tokens).all()
+    assert again.reports[0].window_choice == third.reports[0].window_choice
+
+
+def test_which_steps_run_which_width_depends_on_counts_only(long_model, device):
+    """Two sessions whose devices keep the same width give the same first image: the trial's
+    steps switch width after forward counts, not times."""
+    images = []
+    for costs in (LINEAR, {w: 2 * c for w, c in LINEAR.items()}):
+        decoder = SpeculativeDecoder(SyntheticAdapter(codebook=64, rows=16, cols=16, end_of_line=False,
+                                                      sharpness=3.0, seed=2), DecodeConfig(mode="sjd"))
+        device(decoder.base_adapter, costs)
+        images.append(decoder.generate([0, 1], seeds=9))
+    assert images[0].reports[0].settings["window"] == images[1].reports[0].settings["window"]
+    assert (images[0].tokens == images[1].tokens).all()
+
+
+def test_a_set_window_is_kept_and_nothing_is_tried(model, monkeypatch):
+    monkeypatch.setattr(window, "Trial", lambda *a, **k: pytest.fail("tried a set window"))
     report = SpeculativeDecoder(model, DecodeConfig(mode="sjd", window=5)).generate([0], seeds=1).reports[0]
     assert report.settings["window"] == 5 and report.window_choice == ""
 
 
-def test_the_chosen_width_gives_the_tokens_of_that_width_set_by_hand(model, monkeypatch):
-    monkeypatch.setattr(window, "probe", lambda adapter, pipeline, batch, image_id: LINEAR)
-    auto = SpeculativeDecoder(model, DecodeConfig(mode="sjd")).generate([0, 1], seeds=7)
+def test_the_width_kept_gives_the_tokens_of_that_width_set_by_hand(long_model, device):
+    device(long_model, LINEAR)
+    decoder = SpeculativeDecoder(long_model, DecodeConfig(mode="sjd"))
+    decoder.generate([0, 1], seeds=6)  # tries widths, and keeps one
+    auto = decoder.generate([0, 1], seeds=7)
     width = auto.reports[0].settings["window"]
     assert width <= 4
-    by_hand = SpeculativeDecoder(model, DecodeConfig(mode="sjd", window=width)).generate([0, 1], seeds=7)
+    by_hand = SpeculativeDecoder(long_model, DecodeConfig(mode="sjd", window=width)).generate([0, 1], seeds=7)
     assert (auto.tokens == by_hand.tokens).all()
 
 
-@pytest.mark.parametrize("mode", ["sjd", "gsd", "lantern", "vvs"])
-def test_plain_ar_steps_on_auto_give_the_image_ar_gives(model, monkeypatch, mode):
-    monkeypatch.setattr(window, "probe", lambda *a, **k: FULL)
-    relaxed = {"lantern_k": 10} if mode in ("lantern", "vvs") else {}
-    auto = SpeculativeDecoder(model, DecodeConfig(mode=mode, **relaxed)).generate([0, 1], seeds=[7, 8])
-    ar = SpeculativeDecoder(model, DecodeConfig(mode="ar")).generate([0, 1], seeds=[7, 8])
+@pytest.mark.parametrize("mode", ["sjd", "gsd", "lantern"])
+def test_plain_ar_steps_on_auto_give_the_image_ar_gives(long_model, device, mode):
+    device(long_model, FULL)  # every row costs its full share: no window pays
+    relaxed = {"lantern_k": 10} if mode == "lantern" else {}
+    decoder = SpeculativeDecoder(long_model, DecodeConfig(mode=mode, **relaxed))
+    tried = decoder.generate([0, 1], seeds=[5, 6]).reports[0]
+    assert tried.settings["window"] == 0 and "kept 0" in tried.window_choice
+    auto = decoder.generate([0, 1], seeds=[7, 8])
+    ar = SpeculativeDecoder(long_model, DecodeConfig(mode="ar")).generate([0, 1], seeds=[7, 8])
     assert (auto.tokens == ar.tokens).all()
     report = auto.reports[0]
     assert report.nfe == report.tokens and report.settings["window"] == 0
     assert "plain AR steps" in report.summary() and report.window_choice.startswith("window 0 on auto")
+
+
+@pytest.mark.parametrize("schedule", ["uniform", "similarity"])
+def test_a_skipping_schedule_keeps_the_preset_whatever_the_device(long_model, device, schedule):
+    """VVS commits the window's tail unverified: a narrow window would commit drafts made from a
+    rejected context (FD to ar 185.6 at window 2 against 52.3 at 24), so nothing is tried."""
+    device(long_model, FULL)
+    report = SpeculativeDecoder(long_model, DecodeConfig(mode="vvs", lantern_k=10, schedule=schedule)).generate(
+        [0, 1], seeds=3).reports[0]
+    assert report.settings["window"] == 24 and report.window_choice.startswith("window 24 on auto: the preset, kept")
+    assert report.skipped_verifications > 0
+
+
+@pytest.mark.parametrize("trees", [{"proactive": 2}, {"rows": 2}])
+def test_trees_beside_the_window_keep_the_preset(device, trees):
+    from spec_ar.loaders import embedded
+
+    model = embedded.load(embedded.FOLDER)
+    device(model.adapter, FULL)
+    report = SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", **trees)).generate(
+        ["a red circle"], seeds=3).reports[0]
+    what = "proactive" if "proactive" in trees else "row-parallel"
+    assert report.settings["window"] == 24 and f"kept for the {what} drafts" in report.window_choice
