@@ -454,3 +454,66 @@ def test_a_release_repetition_penalty_is_verified_over_each_positions_own_prefix
     pvalue, impossible = chi_square(penalised_joint(adapter, "a red fox", cfg, top_k, temperature, 1.0), tokens)
     assert impossible > 0 or pvalue < 1e-6, (pvalue, impossible)
     assert bool(trees) == (name == "proactive")  # the tree's nodes were penalised over their own ancestors
+
+
+# -- guidance in log-softmax space: Emu3.5's adapter, its row token and image end forced -------------------------
+def log_softmax_joint(adapter, prompt: str, cfg: float, top_k: int, temperature: float) -> dict[tuple, float]:
+    """The exact distribution of every stream of ``adapter``'s short layout as Emu3.5's logits processor makes it:
+    full forwards of each prefix (no cache) over the whole vocabulary, ``log_softmax`` of each branch, ``cfg (c - u)
+    + u``, every id but the visual tokens masked, then temperature and top-k; forced tokens as they are."""
+    model, lay = adapter.model, adapter.layout
+    cond, uncond = adapter.prompt_ids(prompt), adapter.unconditional_ids()
+    visual = lay.image_tokens.nonzero().flatten()
+    out = {}
+
+    def grow(prefix: list[int], p: float):
+        i = len(prefix)
+        if i == lay.length:
+            out[tuple(prefix)] = p
+            return
+        if lay.forced[i] >= 0:
+            return grow(prefix + [int(lay.forced[i])], p)
+        with torch.no_grad():
+            lc = model(input_ids=torch.tensor([cond + prefix])).logits[0, -1].double().log_softmax(-1)
+            lu = model(input_ids=torch.tensor([uncond + prefix])).logits[0, -1].double().log_softmax(-1)
+        top = ((cfg * (lc - lu) + lu)[visual] / temperature).topk(top_k)
+        for token, q in zip(visual[top.indices].tolist(), top.values.softmax(0).tolist()):
+            grow(prefix + [token], p * q)
+
+    grow([], 1.0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def emu35_tiny(tmp_path_factory):
+    """A tiny Emu3.5 (its model and BAAI's tokenizer), without its vision tokenizer."""
+    from spec_ar.loaders import emu35
+
+    from .emu35_files import write_emu35
+
+    return emu35.load_model(write_emu35(tmp_path_factory.mktemp("emu35-exact") / "Emu3.5-Image", vision=False))
+
+
+EMU35_CASES = {"ar": dict(mode="ar"), "sjd": dict(mode="sjd"), "proactive": dict(mode="sjd", proactive=3)}
+
+
+@pytest.mark.parametrize("name", list(EMU35_CASES))
+def test_guidance_in_log_softmax_space_is_verified_exactly(emu35_tiny, name):
+    """Emu3.5's adapter on a 2 x 2 grid (``c c <|extra_200|> c c <|image end|>``) under its guidance, the authors'
+    log-softmax mix of scale 5 over the visual tokens: the streams follow the joint enumerated with the authors'
+    arithmetic, and fail against the joint without guidance (the control, on the same streams)."""
+    from spec_ar.loaders.emu35 import Emu35Adapter
+
+    model, tokenizer = emu35_tiny
+    adapter = Emu35Adapter(model, tokenizer, 2, 2)
+    assert adapter.layout.length == 6 and adapter.guidance == "log_softmax"
+    cfg, top_k, temperature = 5.0, 3, 40.0  # a high temperature: the tiny model's mixed logits are peaked
+    config = DecodeConfig(window=3, cfg_scale=cfg, top_k=top_k, temperature=temperature, top_p=1.0,
+                          **EMU35_CASES[name])
+    decoder = SpeculativeDecoder(adapter, config)
+    tokens = torch.cat([decoder.generate(["a red fox"] * 250, seeds=chunk * 1000).tokens for chunk in range(6)])
+    assert len(set(map(tuple, tokens.tolist()))) > 10  # many streams: the test can tell
+    pvalue, impossible = chi_square(log_softmax_joint(adapter, "a red fox", cfg, top_k, temperature), tokens)
+    assert impossible == 0 and pvalue > 1e-4, (pvalue, impossible)
+    pvalue, impossible = chi_square(log_softmax_joint(adapter, "a red fox", 1.0, top_k, temperature), tokens)
+    assert impossible > 0 or pvalue < 1e-6, (pvalue, impossible)
