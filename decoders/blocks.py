@@ -89,6 +89,22 @@ class Downsample(nn.Module):
 DECODER_LIVE_TENSORS = 8
 
 
+def key_problems(sd: dict, expected: dict, extra: str = "unexpected") -> list[str]:
+    """What keeps checkpoint tensors ``sd`` from filling a module whose tensors are ``expected``
+    (name -> shape): missing, ``extra`` (those it does not have) and wrongly shaped tensors, five
+    named of each."""
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    shapes = [f"{k} {list(sd[k].shape)} (expected {list(v)})" for k, v in expected.items()
+              if k in sd and sd[k].shape != v]
+    problems = []
+    for what, items in (("missing", missing), (extra, unexpected), ("wrong shapes", shapes)):
+        if items:
+            more = f" and {len(items) - 5} more" if len(items) > 5 else ""
+            problems.append(f"{what}: {', '.join(items[:5])}{more}")
+    return problems
+
+
 def decoder_bytes(pixels: int, channels: int, itemsize: int) -> int:
     """An estimate of a VQ decoder's peak activations for one image of ``pixels``
     pixels whose last level has ``channels`` channels."""

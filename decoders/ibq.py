@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from ..formats.checkpoints import CheckpointError, load_file, state_dict
-from .blocks import CodebookDecoder, LevelledSpec
+from .blocks import CodebookDecoder, LevelledSpec, key_problems
 from .vqgan import Decoder
 
 CONFIG_NAME, CKPT_NAME = "config.yaml", "model.ckpt"
@@ -241,18 +241,7 @@ def _problems(spec: IBQSpec, sd: dict[str, torch.Tensor], expected: dict[str, to
     if blocks and len(blocks) != spec.num_res_blocks + 1:
         problems.append(f"ddconfig.num_res_blocks is {spec.num_res_blocks} but the decoder has {len(blocks)} blocks "
                         "per level (num_res_blocks + 1)")
-    if problems:  # the named sizes explain the rest
-        return problems
-    missing = [k for k in expected if k not in sd]
-    unexpected = [k for k in sd if k not in expected]
-    shapes = [f"{k} {list(sd[k].shape)} (expected {list(v)})" for k, v in expected.items()
-              if k in sd and sd[k].shape != v]
-    for what, items in (("missing", missing), ("not in the configured architecture", unexpected),
-                        ("wrong shapes", shapes)):
-        if items:
-            more = f" and {len(items) - 5} more" if len(items) > 5 else ""
-            problems.append(f"{what}: {', '.join(items[:5])}{more}")
-    return problems
+    return problems or key_problems(sd, expected, "not in the configured architecture")  # the sizes explain the rest
 
 
 class IBQDecoder(CodebookDecoder):

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from ..formats.checkpoints import CheckpointError, load_file, state_dict
-from .blocks import AttnBlock, CodebookDecoder, Downsample, LevelledSpec, ResnetBlock, Upsample, norm, swish
+from .blocks import (AttnBlock, CodebookDecoder, Downsample, LevelledSpec, ResnetBlock, Upsample, key_problems, norm,
+                     swish)
 
 YAML_NAME, CKPT_NAME = "vqgan.yaml", "vqgan.ckpt"
 
@@ -230,17 +231,7 @@ def _check_weights(spec: VQGANSpec, sd: dict[str, torch.Tensor], expected: dict[
     if not problems and attn_levels(sd) != attn_levels(expected):
         problems.append(f"attn_resolutions {list(spec.attn_resolutions)} in the yaml put attention in decoder levels "
                         f"{attn_levels(expected)} but the checkpoint has it in {attn_levels(sd)}")
-    if problems:  # the named sizes explain the rest
-        return problems
-    missing = [k for k in expected if k not in sd]
-    unexpected = [k for k in sd if k not in expected]
-    shapes = [f"{k} {list(sd[k].shape)} (expected {list(v)})" for k, v in expected.items()
-              if k in sd and sd[k].shape != v]
-    for what, items in (("missing", missing), ("unexpected", unexpected), ("wrong shapes", shapes)):
-        if items:
-            more = f" and {len(items) - 5} more" if len(items) > 5 else ""
-            problems.append(f"{what}: {', '.join(items[:5])}{more}")
-    return problems
+    return problems or key_problems(sd, expected)  # the named sizes explain the rest
 
 
 class VQGANDecoder(CodebookDecoder):
