@@ -142,7 +142,7 @@ class DecodeState:
         self.log: list[tuple] = []
 
     def set_drafts(self, drafts: int) -> None:
-        """Draft ``drafts`` tokens a window from the next step on (the window on auto tries two
+        """Draft ``drafts`` tokens a window from the next step on (the window on auto tries
         widths in a decode, window.Trial); the state stays sized for the width it was made
         for, the widest.  0 drafts: a forward of one token verifies nothing, the verify
         step's plain AR step."""
