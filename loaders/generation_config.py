@@ -125,9 +125,13 @@ def release_generation(folder: pathlib.Path, text_ids: int, script: str,
         raise CheckpointError(f"{path}: repetition_penalty {penalty!r}: transformers' generate (called by {script}) "
                               "refuses it: it must be a float above 0, written with a decimal point (1.0: none; "
                               "Qwen2.5-Instruct ships 1.1)")
+    return ReleaseGeneration(float(penalty), _masked_pad(settings, eos), str(path))
+
+
+def _masked_pad(settings: dict, ends) -> int | None:
+    """The pad id ``generate`` masks out of a prompt: an id that is none of the end ids ``ends``."""
     pad = settings.get("pad_token_id")
-    masked = pad if isinstance(pad, int) and not isinstance(pad, bool) and pad not in eos else None
-    return ReleaseGeneration(float(penalty), masked, str(path))
+    return pad if isinstance(pad, int) and not isinstance(pad, bool) and pad not in ends else None
 
 
 class RepetitionPenalty:
@@ -243,5 +247,4 @@ def masked_id(folder: pathlib.Path, image_end: int) -> int | None:
     every prompt position holding it.  A pad id equal to the BOS the prompt starts with therefore takes BOS out
     of what the model sees."""
     generation = folder / "generation_config.json"
-    pad = read_json(generation if generation.is_file() else folder / "config.json").get("pad_token_id")
-    return pad if isinstance(pad, int) and not isinstance(pad, bool) and pad != image_end else None
+    return _masked_pad(read_json(generation if generation.is_file() else folder / "config.json"), (image_end,))

@@ -33,8 +33,9 @@ image took 1.07x the mean image's forwards at window 1 and 1.45x at 24.
 
 An earlier version measured the widths with forwards of their own before the
 decode (a probe).  On a busy machine one such probe chose plain AR steps that ran
-6x slower than window 24, and its forwards, made only to be timed, cost 150 ms of
-a 440 ms image at batch 1 on two quiet cores (900 ms beside a busy process).  The
+6x slower than window 24, and its forwards, made only to be timed, are paid in
+every process (a decode on auto that kept 24 took 586 ms against 437 ms at 24 set
+by hand, batch 1, two quiet cores: docs/benchmarks.md).  The
 decode's own steps cost nothing extra where the preset is right but the narrow
 width's shorter commits, and a width is kept only on what the decode saw.
 
@@ -154,11 +155,17 @@ class Trial:
         self.tokens: dict[int, float] = {preset: 0.0}  # tokens the mean image committed
         self.predicted = ""
         self.kept: int | None = None
-        self.reason = f"window {preset} on auto: the decode ended during its trial (window {preset} ran last)"
 
     @property
     def open(self) -> bool:
         return self.kept is None
+
+    @property
+    def reason(self) -> str:
+        """What was tried and kept, for the report (or where the decode left the trial)."""
+        if self.open:
+            return f"window {self.width} on auto: the decode ended during its trial (window {self.width} ran last)"
+        return self._story()
 
     def record(self, seconds: float, forward: bool, tokens: float) -> int | None:
         """One step at :attr:`width` (``tokens``: what the mean image committed); the width to run
@@ -180,13 +187,11 @@ class Trial:
                 return self._run(best)
         self.kept = self._decide()
         self.width, changed = self.kept, self.kept != w
-        self.reason = self._story()
         return self.kept if changed else None
 
     def _run(self, width: int) -> int:
         self.width = width
         self.steps[width], self.other[width], self.tokens[width] = [], 0.0, 0.0
-        self.reason = f"window {width} on auto: the decode ended during its trial (window {width} ran last)"
         return width
 
     def cost(self, width: int, half: int | None = None) -> float:

@@ -17,6 +17,8 @@ import torch
 from spec_ar.decoders.ibq import CKPT_NAME, CONFIG_NAME, IBQSpec
 from spec_ar.decoders.vqgan import VQGANModel, VQGANSpec
 
+from .movqgan_files import random_decoder_state
+
 #: the tiny architecture, as the release's config.yaml writes it (its keys; narrower numbers)
 DDCONFIG = {"double_z": False, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 32,
             "ch_mult": [1, 1, 2, 2, 4], "num_res_blocks": 1, "attn_resolutions": [16], "dropout": 0.0}
@@ -43,20 +45,8 @@ def shapes(config: dict = CONFIG) -> dict[str, tuple[int, ...]]:
 
 
 def random_state(seed: int = 0, config: dict = CONFIG) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, shape in sorted(shapes(config).items()):
-        if name.endswith(("norm1.weight", "norm2.weight", "norm.weight", "norm_out.weight")):
-            value = 1 + 0.1 * torch.randn(shape, generator=g)
-        elif name.endswith(".bias"):
-            value = 0.05 * torch.randn(shape, generator=g)
-        elif name == "quantize.embedding.weight":
-            value = torch.randn(shape, generator=g)
-        else:  # convolutions: unit-variance activations
-            fan_in = shape[1] * (shape[2] * shape[3] if len(shape) == 4 else 1)
-            value = torch.randn(shape, generator=g) / fan_in ** 0.5
-        out[name] = value
-    return out
+    return random_decoder_state(shapes(config), seed,
+                                norms=("norm1.weight", "norm2.weight", "norm.weight", "norm_out.weight"))
 
 
 def write_config(folder: pathlib.Path, config: dict = CONFIG) -> pathlib.Path:

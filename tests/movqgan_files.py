@@ -26,11 +26,18 @@ def random_state(seed: int = 0, spec: MoVQSpec = SPEC) -> dict[str, torch.Tensor
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in MoVQModel(spec).state_dict().items()}
     shapes.update(ENCODER_SIDE)
+    return random_decoder_state(shapes, seed, norms=("norm_layer.weight",))
+
+
+def random_decoder_state(shapes: dict[str, tuple], seed: int, norms: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Random tensors for a VQ model's ``shapes``, drawn from one seeded generator in name order: the
+    ``norms`` weights near 1, biases small, the codebook unit normal, convolutions for unit-variance
+    activations (recorded references depend on this order)."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for name in sorted(shapes):
         shape = shapes[name]
-        if name.endswith("norm_layer.weight"):
+        if name.endswith(norms):
             value = 1 + 0.1 * torch.randn(shape, generator=g)
         elif name.endswith(".bias"):
             value = 0.05 * torch.randn(shape, generator=g)
