@@ -5,7 +5,9 @@ pack's model folder.
 files its loader opens (``files``: every one must be there), the files it reads when they are
 there (``optional``: fetched when the repository has them) and, for a transformers folder, its
 weights (``model.safetensors``, or the index and every shard the index names).  Nothing else of
-a repository is fetched.
+a repository is fetched.  A release may also take files the hub does not carry from the authors'
+git repository (:class:`Pinned`: Emu3.5's text tokenizer), each pinned in this module to one
+commit, its size and its git blob hash.
 
 :func:`download` lists each repository at one commit (the hub's tree API: every file's size and
 the hash the hub keeps of it) and checks that everything required is there before fetching
@@ -56,6 +58,25 @@ class Source:
     files: tuple[str, ...]  # what the loader opens: each must be in the repository
     optional: tuple[str, ...] = ()  # what the loader reads when there: fetched if the repository has it
     weights: bool = False  # transformers weights: model.safetensors, or its index and every shard it names
+    into: str = ""  # the folder inside the release's folder its files go to ("": the release's folder)
+
+
+@dataclass(frozen=True)
+class PinnedFile:
+    path: str  # in the repository
+    size: int
+    sha1: str  # its git blob hash at the commit
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """Files of a GitHub repository at one commit, which the release needs and the hub does not carry,
+    fetched from GitHub's raw file host (``raw_endpoint``) into the release's folder (by file name),
+    each checked against the size and git blob hash pinned here: read from the repository at that
+    commit (``git ls-tree -l COMMIT``), so what arrives is the authors' file or nothing."""
+    repo: str  # github.com/OWNER/NAME
+    commit: str  # the full commit id
+    files: tuple[PinnedFile, ...]
 
 
 @dataclass(frozen=True)
@@ -63,7 +84,7 @@ class Release:
     name: str  # the folder it lands in, under the pack's model folder
     family: str
     what: str
-    sources: tuple[Source, ...]
+    sources: tuple[Source | Pinned, ...]
     gated: bool = False  # the hub asks for a token (and the licence accepted on the repository's page)
 
 
@@ -85,6 +106,13 @@ _COSMOS = Source("nvidia/Cosmos-1.0-Tokenizer-DV8x16x16", ("decoder.jit",))  # S
 # Lumina-mGPT's tokenizer ships only with the 768 px release; the authors' code reads it from there for
 # every size (FlexARItemProcessor's tokenizer="Alpha-VLLM/Lumina-mGPT-7B-768")
 _LUMINA_TOKENIZER = Source("Alpha-VLLM/Lumina-mGPT-7B-768", _FAST, ("special_tokens_map.json",))
+# Emu3.5's text tokenizer is not in its hub releases: the authors' code reads it from their repository
+# (configs/example_config_t2i.py: tokenizer_path "./src/tokenizer_emu3_ibq"), at the commit the family follows
+_EMU35_TOKENIZER = Pinned("github.com/baaivision/Emu3.5", "8fcf1da48f9c5252fe0a0b8dc842e07b6efcd745", (
+    PinnedFile("src/tokenizer_emu3_ibq/emu3.tiktoken", 2561218, "9b9b0e0416d84d7c88333eb261c77e5fe2d7f7be"),
+    PinnedFile("src/tokenizer_emu3_ibq/emu3_vision_tokens.txt", 3145774, "52054a53fc42d2b72bcd5e3fc72b03e42e063ded")))
+# the IBQ vision tokenizer, inside the model's folder (where decoders.ibq.find_ibq looks first)
+_IBQ = Source("BAAI/Emu3.5-VisionTokenizer", ("config.yaml", "model.ckpt"), into="Emu3.5-VisionTokenizer")
 
 RELEASES = {r.name: r for r in (
     Release("LlamaGen-c2i-B-256", "llamagen", "LlamaGen-B class-conditional, 256 px, with its VQ tokenizer",
@@ -115,6 +143,15 @@ RELEASES = {r.name: r for r in (
                                            "tokenizer/vqgan.ckpt"), ("models/7b/consolidate_params.json",)),)),
     Release("Emu3-Gen-hf", "emu3", "Emu3-Gen 8B, 720 px (decoder included)",
             (_hf("Emu3-community/Emu3-Gen-hf", _BPE, ("tokenizer.json",)),)),
+    Release("Emu3.5-Image", "emu35", "Emu3.5-Image 34B (text to image, CFG 5), with BAAI's tokenizer files and "
+            "the IBQ vision tokenizer (68 GB in bfloat16)",
+            (Source("BAAI/Emu3.5-Image", ("config.json",), ("generation_config.json",), weights=True),
+             _EMU35_TOKENIZER, _IBQ)),
+    Release("Emu3.5", "emu35", "Emu3.5 34B (the base world model: the authors recommend CFG 2 for it, the default 5 is "
+            "Emu3.5-Image's), with "
+            "BAAI's tokenizer files and the IBQ vision tokenizer (68 GB in bfloat16)",
+            (Source("BAAI/Emu3.5", ("config.json",), ("generation_config.json",), weights=True),
+             _EMU35_TOKENIZER, _IBQ)),
     Release("Liquid_V1_7B", "liquid", "Liquid 7B (on Gemma-7B), 512 px, with Meta's VQGAN",
             (_hf("Junfeng5/Liquid_V1_7B"), _VQGAN)),
     Release("Lumina-mGPT-2.0", "lumina2", "Lumina-mGPT 2.0 7B, 768 px, with SBER-MoVQGAN 270M",
@@ -176,11 +213,13 @@ def release_of(label: str) -> Release | None:
 
 
 def download(name: str, root, endpoint: str | None = None, token: str | None = None,
-             progress: Callable[[int, int], None] | None = None) -> pathlib.Path:
+             progress: Callable[[int, int], None] | None = None, raw_endpoint: str | None = None) -> pathlib.Path:
     """Fetch release ``name`` into ``root / name`` (see the module docstring) and return that
     folder; a complete one already there is returned as it is.  ``progress(done, total)``
     hears the release's bytes on disk as they arrive; ``endpoint``: another hub (default:
-    huggingface.co, or ``HF_ENDPOINT``); ``token``: default ``HF_TOKEN`` or the saved login."""
+    huggingface.co, or ``HF_ENDPOINT``); ``token``: default ``HF_TOKEN`` or the saved login (sent to
+    the hub only); ``raw_endpoint``: where :class:`Pinned` files come from (default GitHub's
+    :data:`RAW`, or ``SPEC_AR_RAW_ENDPOINT``)."""
     release = release_of(name)
     if release is None:
         raise DownloadError(f"model {name!r} is not a known release; known: {', '.join(RELEASES)}")
@@ -193,7 +232,7 @@ def download(name: str, root, endpoint: str | None = None, token: str | None = N
         if final.is_dir():  # no verified download: completed out of the loader's sight, keeping what verifies
             _merge(final, partial)
         partial.mkdir(exist_ok=True)
-        _Download(release, partial, endpoint, token, progress).run()
+        _Download(release, partial, endpoint, token, progress, raw_endpoint).run()
         shutil.rmtree(partial / ".cache", ignore_errors=True)  # older versions' huggingface_hub bookkeeping
         partial.rename(final)
     except OSError as err:
@@ -204,24 +243,34 @@ def download(name: str, root, endpoint: str | None = None, token: str | None = N
     return final
 
 
+RAW = "https://raw.githubusercontent.com"  # GitHub's raw files: OWNER/NAME/COMMIT/PATH
+
+
 @dataclass(frozen=True)
 class _Remote:
-    """A file of a repository at a commit, as the hub lists it."""
+    """A file of a repository at a commit, as the hub lists it (or as it is pinned)."""
     repo: str
     commit: str
-    path: str
+    path: str  # in the repository
     size: int
     algorithm: str  # sha256 (LFS files: the content's) or sha1 (others: the git blob's)
     digest: str
+    dest: str = ""  # in the release's folder ("": ``path``)
+    url: str = ""  # where it is fetched ("": the hub's URL of ``path``)
+
+    @property
+    def at(self) -> str:
+        return self.dest or self.path
 
 
 class _Download:
-    def __init__(self, release: Release, folder: pathlib.Path, endpoint, token, progress):
+    def __init__(self, release: Release, folder: pathlib.Path, endpoint, token, progress, raw_endpoint=None):
         from huggingface_hub import HfApi, constants
         from huggingface_hub.utils import build_hf_headers, get_session
 
         self.release, self.folder, self.token, self.progress = release, folder, token, progress
         self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        self.raw = (raw_endpoint or os.environ.get("SPEC_AR_RAW_ENDPOINT") or RAW).rstrip("/")
         self.timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
         self.api = HfApi(endpoint=self.endpoint, token=token)
         self.headers = build_hf_headers(token=token)
@@ -230,10 +279,10 @@ class _Download:
 
     def run(self) -> None:
         listed = [self._list(source) for source in self.release.sources]  # what is missing is said before any fetch
-        plan: dict[str, _Remote] = {}  # path -> file; a path two sources share comes from the first
+        plan: dict[str, _Remote] = {}  # path in the folder -> file; a path two sources share comes from the first
         for source, (commit, listing) in zip(self.release.sources, listed):
             for remote in self._wanted(source, listing):
-                plan.setdefault(remote.path, remote)
+                plan.setdefault(remote.at, remote)
         self.total = sum(r.size for r in plan.values())
         self._check_room(plan.values())
         for remote in plan.values():
@@ -241,20 +290,28 @@ class _Download:
         self._report(force=True)
         commits = [{"repo": s.repo, "commit": commit} for s, (commit, _) in zip(self.release.sources, listed)]
         record = {"release": self.release.name, "sources": commits,
-                  "files": {r.path: {"repo": r.repo, "size": r.size, r.algorithm: r.digest} for r in plan.values()}}
+                  "files": {r.at: {"repo": r.repo, **({"path": r.path} if r.dest else {}), "size": r.size,
+                                   r.algorithm: r.digest} for r in plan.values()}}
         (self.folder / RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
 
     # -- what to fetch ---------------------------------------------------------------------
-    def _list(self, source: Source) -> tuple[str, dict[str, _Remote]]:
+    def _list(self, source: Source | Pinned) -> tuple[str, dict[str, _Remote]]:
         """``source``'s repository at its current commit (every file is taken from that one), its files
         by path; one error naming what the release needs and the repository lacks."""
         from huggingface_hub.hf_api import RepoFile
 
+        if isinstance(source, Pinned):  # nothing to ask: the files are pinned
+            owner_name = source.repo.removeprefix("github.com/")
+            return source.commit, {f.path: _Remote(
+                source.repo, source.commit, f.path, f.size, "sha1", f.sha1, dest=f.path.rsplit("/", 1)[-1],
+                url=f"{self.raw}/{owner_name}/{source.commit}/{f.path}") for f in source.files}
+        into = source.into.strip("/")
         try:
             commit = self.api.model_info(source.repo).sha or "main"
             entries = self.api.list_repo_tree(source.repo, recursive=True, revision=commit)
             listing = {e.path: _Remote(source.repo, commit, e.path, e.size,
-                                       *(("sha256", e.lfs.sha256) if e.lfs else ("sha1", e.blob_id)))
+                                       *(("sha256", e.lfs.sha256) if e.lfs else ("sha1", e.blob_id)),
+                                       dest=f"{into}/{e.path}" if into else "")
                        for e in entries if isinstance(e, RepoFile)}
         except Exception as err:
             failure = self._failure(err, source.repo)
@@ -269,8 +326,10 @@ class _Download:
                                 "needs; check the repository on the hub (it may have changed), or report it")
         return commit, listing
 
-    def _wanted(self, source: Source, listing: dict[str, _Remote]) -> list[_Remote]:
+    def _wanted(self, source: Source | Pinned, listing: dict[str, _Remote]) -> list[_Remote]:
         """The files of ``source`` the release takes: required, optional ones listed, weights."""
+        if isinstance(source, Pinned):
+            return list(listing.values())
         names = [*source.files, *(f for f in source.optional if f in listing)]
         if source.weights and INDEX in listing:
             names += [INDEX, *self._shards(listing[INDEX], listing)]
@@ -281,7 +340,7 @@ class _Download:
     def _shards(self, index: _Remote, listing: dict[str, _Remote]) -> list[str]:
         """The shards ``index`` names (fetched first: a few kilobytes), each listed."""
         self._ensure(index, report=False)
-        path = self.folder / index.path
+        path = self.folder / index.at
         try:
             shards = list(dict.fromkeys(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
@@ -298,7 +357,7 @@ class _Download:
         """One error before the download when the disk cannot take what is still to come."""
         needed = 0
         for r in files:
-            target = self.folder / r.path
+            target = self.folder / r.at
             if not (target.is_file() and target.stat().st_size == r.size):
                 part = target.with_name(target.name + ".incomplete")
                 needed += r.size - (part.stat().st_size if part.is_file() else 0)
@@ -311,7 +370,7 @@ class _Download:
     # -- one file --------------------------------------------------------------------------
     def _ensure(self, remote: _Remote, report: bool = True) -> None:
         """``remote`` in the folder, verified: kept when already there and matching, else fetched."""
-        target = self.folder / remote.path
+        target = self.folder / remote.at
         if target.is_file():
             if target.stat().st_size == remote.size and _hash_file(remote, target) == remote.digest \
                     and _damage(target) is None:
@@ -335,13 +394,18 @@ class _Download:
             _feed(hasher, part)
         counted = have if report else 0  # bytes of this file in the progress
         self._advance(counted)
-        url = hf_hub_url(remote.repo, remote.path, revision=remote.commit, endpoint=self.endpoint)
+        url = remote.url or hf_hub_url(remote.repo, remote.path, revision=remote.commit, endpoint=self.endpoint)
+        sent = {} if remote.url else self.headers  # the hub's token goes to the hub only
         retries = _RETRIES
         while have < remote.size:
             start = have
             try:
-                headers = dict(self.headers, **({"Range": f"bytes={have}-"} if have else {}))
+                headers = dict(sent, **({"Range": f"bytes={have}-"} if have else {}))
                 with _get(self.session, url, headers, self.timeout) as (status, answer, reason, chunks):
+                    if status >= 400 and remote.url:
+                        raise DownloadError(f"{self.release.name}: {url} answered {status} {reason}: the release "
+                                            f"needs {remote.path} of {remote.repo} at {remote.commit[:7]}; run again "
+                                            "later, or put the file in the model folder by hand")
                     if status >= 400:
                         raise self._refused(status, answer, reason, remote.repo, remote.path)
                     if have and status != 206:  # the range was ignored: the whole file comes
@@ -365,7 +429,7 @@ class _Download:
                     retries -= 1
                     continue
                 if have == 0:
-                    raise self._unreachable(err) from None
+                    raise self._unreachable(err, self.raw if remote.url else None) from None
                 raise DownloadError(f"{self.release.name}: the connection broke while fetching {remote.path} from "
                                     f"{remote.repo} ({_first_line(err)}) after {have} of {remote.size} bytes; run "
                                     "again: it resumes there") from None
@@ -374,8 +438,9 @@ class _Download:
         if have != remote.size or hasher.hexdigest() != remote.digest:
             part.unlink(missing_ok=True)
             self._advance(-counted)
+            listed = "pinned" if remote.url else "the hub lists"
             raise DownloadError(f"{self.release.name}: {remote.path} from {remote.repo} does not match the "
-                                f"{remote.algorithm} the hub lists for it (it arrived damaged); it was removed: "
+                                f"{remote.algorithm} {listed} for it (it arrived damaged); it was removed: "
                                 "run again to fetch it again")
         os.replace(part, target)
         problem = _damage(target)
@@ -411,9 +476,10 @@ class _Download:
             return self._unreachable(err)
         return None
 
-    def _unreachable(self, err: Exception) -> DownloadError:
-        return DownloadError(f"{self.release.name}: cannot reach the hub at {self.endpoint} ({_first_line(err)}): no "
-                             "network? Run again when online (what arrived is kept and resumes)")
+    def _unreachable(self, err: Exception, host: str | None = None) -> DownloadError:
+        where = host or f"the hub at {self.endpoint}"
+        return DownloadError(f"{self.release.name}: cannot reach {where} ({_first_line(err)}): no network? Run again "
+                             "when online (what arrived is kept and resumes)")
 
     def _refused(self, status: int, headers, reason: str, repo: str, path: str | None = None) -> DownloadError:
         """What the hub's error answer (``status``, its ``headers``) means, for ``repo`` (or its file ``path``)."""

@@ -6,7 +6,9 @@ and hashes as the hub advertises them: ``oid`` the git blob sha1 of a regular fi
 its pointer; folders as ``directory`` entries), ``HEAD`` and ``GET`` on ``/<repo>/resolve/<rev>/<file>``
 (``X-Repo-Commit``, ``ETag``, and for LFS files ``X-Linked-Etag`` / ``X-Linked-Size``; byte ranges, so
 interrupted files resume), and the hub's error codes (``X-Error-Code: GatedRepo`` / ``RepoNotFound`` /
-``EntryNotFound`` / ``RevisionNotFound``, ``X-Error-Message``).
+``EntryNotFound`` / ``RevisionNotFound``, ``X-Error-Message``).  Beside the hub it serves GitHub's raw
+file host under ``/github/`` (``/github/<owner>/<name>/<commit>/<path>``, byte ranges too) from the
+repositories keyed ``github.com/<owner>/<name>``, at any commit (``requests`` shows which was asked).
 
 Faults for the tests: ``gated`` (repositories that answer 401 GatedRepo), ``forbidden`` (403),
 ``tokens`` (when set, the only bearer tokens it accepts: another answers 401 "Invalid credentials"),
@@ -14,7 +16,8 @@ Faults for the tests: ``gated`` (repositories that answer 401 GatedRepo), ``forb
 once), ``failing`` (files whose GET answers 500 while listed), ``gone`` (files listed but answering
 404), ``corrupt`` (file -> content served in place of the listed one, whose hashes stay advertised),
 ``slow`` (file -> seconds between 8 KB pieces).  Every request is logged in ``requests`` as
-``(method, path, Range header)``; ``sent`` counts the body bytes sent of each file.
+``(method, path, Range header)``, the paths of those that carried a token in ``authorized``; ``sent``
+counts the body bytes sent of each file.
 """
 from __future__ import annotations
 
@@ -77,6 +80,7 @@ class FakeHub:
         self.slow: dict[str, float] = {}
         self.sent: dict[str, int] = {}
         self.requests: list[tuple[str, str, str | None]] = []
+        self.authorized: list[str] = []
         hub = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -102,6 +106,11 @@ class FakeHub:
                 url = urllib.parse.urlparse(self.path)
                 path, query = url.path, urllib.parse.parse_qs(url.query)
                 hub.requests.append((self.command, path, self.headers.get("Range")))
+                if self.headers.get("Authorization"):
+                    hub.authorized.append(path)
+                if path.startswith("/github/"):  # raw.githubusercontent.com/OWNER/NAME/COMMIT/PATH
+                    owner, name, commit, rest = (path[len("/github/"):].split("/", 3) + ["", "", ""])[:4]
+                    return "raw", f"github.com/{owner}/{name}", commit, urllib.parse.unquote(rest)
                 if path.startswith("/api/models/") and "/tree/" in path:
                     repo, _, rev = path[len("/api/models/"):].partition("/tree/")
                     recursive = query.get("recursive", ["false"])[0].lower() == "true"
@@ -137,6 +146,10 @@ class FakeHub:
                 kind, repo, rev, arg = self._route()
                 if kind is None:
                     return self._error(404, "EntryNotFound")
+                if kind == "raw":  # GitHub answers a missing file or repository alike: 404, no codes
+                    if repo not in hub.repos or len(rev) != 40:
+                        return self._error(404, None)
+                    return self._file(repo, arg, send=True)
                 if not self._check(repo, rev):
                     return
                 if kind in ("api", "tree"):

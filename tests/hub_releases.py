@@ -1,4 +1,4 @@
-"""The hub repositories of every release in ``loaders/downloads.py`` (``RELEASES``), laid out as the
+"""The hub repositories (and GitHub files) of every release in ``loaders/downloads.py`` (``RELEASES``), laid out as the
 real repositories lay them out, with the real file names, holding the tiny random checkpoints the
 family's ``*_files.py`` / ``checkpoints.py`` write in the real formats: sharded safetensors with their
 index where the release shards, the tokenizer files the repository carries, and what a download does
@@ -157,6 +157,51 @@ def emu3(work: pathlib.Path) -> dict[str, bytes]:
     return card("Emu3-community/Emu3-Gen-hf", **files_of(folder))
 
 
+def emu35(work: pathlib.Path, repo: str) -> dict[str, bytes]:
+    """BAAI/Emu3.5-Image and BAAI/Emu3.5: config, generation config, weight shards and index (the releases have
+    15; the tiny one 2), no tokenizer (the authors read it from their repository) and no vision tokenizer."""
+    from .emu35_files import write_emu35
+
+    folder = write_emu35(work / repo.split("/")[1], tokenizer="none", vision=False)
+    return card(repo, **files_of(folder))
+
+
+def emu35_vision_tokenizer(work: pathlib.Path) -> dict[str, bytes]:
+    from .emu35_files import write_vision_tokenizer
+
+    folder = write_vision_tokenizer(work / "Emu3.5-VisionTokenizer")
+    return card("BAAI/Emu3.5-VisionTokenizer", **files_of(folder))
+
+
+def emu35_repository(work: pathlib.Path) -> dict[str, bytes]:
+    """baaivision/Emu3.5 on GitHub: the tokenizer files in src/tokenizer_emu3_ibq/ among the authors' code."""
+    from .emu35_files import write_tokenizer
+
+    folder = work / "tokenizer_emu3_ibq"
+    write_tokenizer(folder)
+    return {"README.md": b"# Emu3.5\n", "inference.py": STAND_IN, "src/tokenizer_emu3_ibq/tokenization_emu3.py": STAND_IN,
+            **{f"src/tokenizer_emu3_ibq/{k}": v for k, v in files_of(folder).items()}}
+
+
+def pinned_to(release, repos: dict[str, dict[str, bytes]]):
+    """``release`` with its pinned files' sizes and hashes those of the tiny files in ``repos`` (the real ones
+    pin the authors' files, which a test cannot serve)."""
+    from dataclasses import replace
+
+    from spec_ar.loaders.downloads import Pinned, PinnedFile
+
+    from .fake_hub import git_blob_sha1
+
+    def repin(source):
+        if not isinstance(source, Pinned):
+            return source
+        files = repos[source.repo]
+        return replace(source, files=tuple(PinnedFile(f.path, len(files[f.path]), git_blob_sha1(files[f.path]))
+                                           for f in source.files))
+
+    return replace(release, sources=tuple(repin(s) for s in release.sources))
+
+
 def liquid(work: pathlib.Path) -> dict[str, bytes]:
     """Junfeng5/Liquid_V1_7B, a trainer's output folder: Gemma's tokenizer (tokenizer.json, and
     sentencepiece's tokenizer.model no loader here reads), the trainer's state and arguments."""
@@ -238,6 +283,12 @@ def repos_for(name: str, work: pathlib.Path) -> dict[str, dict[str, bytes]]:
             out[repo] = anole(work)
         elif repo == "Emu3-community/Emu3-Gen-hf":
             out[repo] = emu3(work)
+        elif repo in ("BAAI/Emu3.5-Image", "BAAI/Emu3.5"):
+            out[repo] = emu35(work, repo)
+        elif repo == "BAAI/Emu3.5-VisionTokenizer":
+            out[repo] = emu35_vision_tokenizer(work)
+        elif repo == "github.com/baaivision/Emu3.5":
+            out[repo] = emu35_repository(work)
         elif repo == "Junfeng5/Liquid_V1_7B":
             out[repo] = liquid(work)
         elif repo == "Alpha-VLLM/Lumina-mGPT-2.0":

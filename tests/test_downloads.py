@@ -22,7 +22,7 @@ from spec_ar.loaders.downloads import RECORD, DownloadError
 
 from .checkpoints import random_gpt, tiny_gpt_spec, write_gpt, write_vq
 from .fake_hub import FakeHub
-from .hub_releases import STAND_IN, repos_for
+from .hub_releases import STAND_IN, pinned_to, repos_for
 
 REPO = "FoundationVision/LlamaGen"
 NAME = "LlamaGen-c2i-B-256"
@@ -85,22 +85,27 @@ def test_every_release_downloads_verifies_and_loads_from_its_real_layout(name, t
     else, each checked against the hash the hub lists; the folder is recorded complete and loads."""
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    release = downloads.RELEASES[name]
     repos = repos_for(name, tmp_path / "hub")
+    release = pinned_to(downloads.RELEASES[name], repos)
+    monkeypatch.setitem(downloads.RELEASES, name, release)
     root = tmp_path / "models"
     with FakeHub(repos) as hub:
-        folder = downloads.download(name, root, endpoint=hub.url)
+        folder = downloads.download(name, root, endpoint=hub.url, raw_endpoint=hub.url + "/github")
         asked = len(hub.requests)
         assert downloads.download(name, root, endpoint=hub.url) == folder and len(hub.requests) == asked
     record = json.loads((folder / RECORD).read_text())
     assert on_disk(folder) == sorted([*record["files"], RECORD])
     assert [s["repo"] for s in record["sources"]] == [s.repo for s in release.sources]
     for source in release.sources:
-        assert set(source.files) <= set(record["files"]), source.repo
+        if isinstance(source, downloads.Pinned):  # by file name, into the release's folder
+            assert {f.path.rsplit("/", 1)[-1] for f in source.files} <= set(record["files"]), source.repo
+            continue
+        into = f"{source.into}/" if source.into else ""
+        assert {into + f for f in source.files} <= set(record["files"]), source.repo
         if source.weights:
             assert any(f.endswith(".safetensors") for f in record["files"])
     for path, meta in record["files"].items():
-        content = repos[meta["repo"]][path]
+        content = repos[meta["repo"]][meta.get("path", path)]
         assert (folder / path).read_bytes() == content and meta["size"] == len(content) and content != STAND_IN
     assert "README.md" not in record["files"] and ".gitattributes" not in record["files"]
     assert name in downloads.present(root) and not (root / f"{name}.partial").exists()
@@ -329,9 +334,73 @@ def test_every_release_names_its_files_and_families_the_loaders_know():
     from spec_ar.loaders.detect import BY_NAME
 
     for release in downloads.RELEASES.values():
-        assert release.sources and all(s.repo.count("/") == 1 and s.files for s in release.sources)
-        assert all("*" not in f for s in release.sources for f in s.files + s.optional), release  # names, not patterns
+        hub = [s for s in release.sources if isinstance(s, downloads.Source)]
+        assert hub and all(s.repo.count("/") == 1 and s.files for s in hub)
+        assert all("*" not in f for s in hub for f in s.files + s.optional), release  # names, not patterns
         assert release.family in BY_NAME or release.family in ("t5", "drafter"), release
+        for s in release.sources:
+            if isinstance(s, downloads.Pinned):  # a full commit id, each file's size and blob hash
+                assert s.repo.startswith("github.com/") and len(s.commit) == 40 and int(s.commit, 16) >= 0
+                assert s.files and all(f.size > 0 and len(f.sha1) == 40 and int(f.sha1, 16) >= 0 for f in s.files)
+
+
+EMU35 = "Emu3.5-Image"
+
+
+@pytest.fixture()
+def emu35_hub(tmp_path, monkeypatch):
+    """Emu3.5-Image's repositories and the authors' tokenizer files on the stand-in GitHub, pinned."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    repos = repos_for(EMU35, tmp_path / "hub")
+    monkeypatch.setitem(downloads.RELEASES, EMU35, pinned_to(downloads.RELEASES[EMU35], repos))
+    with FakeHub(repos) as hub:
+        yield hub
+
+
+def test_emu35s_tokenizer_comes_from_the_authors_repository_at_the_pinned_commit_without_the_hub_token(
+        emu35_hub, tmp_path, monkeypatch):
+    """The tokenizer files come from GitHub at the commit the family follows, land in the model folder with
+    the vision tokenizer in its own folder inside, and the loader finds both; the hub's token (a user who is
+    logged in) goes to the hub only."""
+    monkeypatch.setenv("HF_TOKEN", "hf_user")
+    source = next(s for s in downloads.RELEASES[EMU35].sources if isinstance(s, downloads.Pinned))
+    folder = downloads.download(EMU35, tmp_path / "models", endpoint=emu35_hub.url,
+                                raw_endpoint=emu35_hub.url + "/github")
+    raw = [p for m, p, _ in emu35_hub.requests if p.startswith("/github/")]
+    assert sorted(raw) == [f"/github/baaivision/Emu3.5/{source.commit}/src/tokenizer_emu3_ibq/{name}"
+                           for name in ("emu3.tiktoken", "emu3_vision_tokens.txt")]
+    assert not [p for p in emu35_hub.authorized if p.startswith("/github/")]
+    assert [p for p in emu35_hub.authorized if p.startswith("/api/")]  # the hub did get it
+    assert {"emu3.tiktoken", "emu3_vision_tokens.txt", "Emu3.5-VisionTokenizer/config.yaml",
+            "Emu3.5-VisionTokenizer/model.ckpt"} <= set(on_disk(folder))
+    record = json.loads((folder / RECORD).read_text())
+    assert record["files"]["emu3.tiktoken"]["path"] == "src/tokenizer_emu3_ibq/emu3.tiktoken"
+    assert record["sources"][1] == {"repo": "github.com/baaivision/Emu3.5", "commit": source.commit}
+    assert load(downloads.RELEASES[EMU35], folder, tmp_path).family == "emu35"
+
+
+def test_a_tokenizer_file_that_is_not_the_pinned_one_is_refused_naming_it(emu35_hub, tmp_path):
+    emu35_hub.corrupt["src/tokenizer_emu3_ibq/emu3.tiktoken"] = b"x" + emu35_hub.repos[
+        "github.com/baaivision/Emu3.5"]["src/tokenizer_emu3_ibq/emu3.tiktoken"][1:]
+    root = tmp_path / "models"
+    with pytest.raises(DownloadError, match=r"Emu3.5-Image: src/tokenizer_emu3_ibq/emu3.tiktoken from "
+                                            r"github.com/baaivision/Emu3.5 does not match the sha1 pinned for it"):
+        downloads.download(EMU35, root, endpoint=emu35_hub.url, raw_endpoint=emu35_hub.url + "/github")
+    assert EMU35 not in downloads.present(root)
+    del emu35_hub.corrupt["src/tokenizer_emu3_ibq/emu3.tiktoken"]
+    downloads.download(EMU35, root, endpoint=emu35_hub.url, raw_endpoint=emu35_hub.url + "/github")
+    assert EMU35 in downloads.present(root)
+
+
+def test_github_not_serving_a_pinned_file_is_named_with_what_to_do(emu35_hub, tmp_path):
+    del emu35_hub.repos["github.com/baaivision/Emu3.5"]["src/tokenizer_emu3_ibq/emu3_vision_tokens.txt"]
+    with pytest.raises(DownloadError, match=r"Emu3.5-Image: http://127.0.0.1:\d+/github/baaivision/Emu3.5/8fcf1da"
+                                            r"\w+/src/tokenizer_emu3_ibq/emu3_vision_tokens.txt answered 404 Not Found: "
+                                            r"the release needs src/tokenizer_emu3_ibq/emu3_vision_tokens.txt of "
+                                            r"github.com/baaivision/Emu3.5 at 8fcf1da; run again later, or put the "
+                                            r"file in the model folder by hand"):
+        downloads.download(EMU35, tmp_path / "models", endpoint=emu35_hub.url, raw_endpoint=emu35_hub.url + "/github")
 
 
 def test_the_command_line_downloads_and_lists(hub, tmp_path, capsys):
