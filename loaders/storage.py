@@ -450,8 +450,14 @@ def choose(files, dtype, device, what: str, offload: bool = False) -> Storage:
     sizes = {name: file_weight_bytes(files, s, device) for name, s in STORAGES.items()}
     fits = [f"{name} ({gb(n)})" for name, n in sorted(sizes.items(), key=lambda kv: -kv[1])
             if n <= HEADROOM * free and name != storage.name]
+    offloaded = ""
+    if dev.type == "cuda" and not offload:  # the blocks could live in system memory instead
+        from .sizing import offload_advice
+
+        offloaded = offload_advice(files, storage, free, free_bytes("cpu"))
     advice = (f"{' or '.join(fits)} fit{'s' if len(fits) == 1 else ''}" if fits else
-              "no storage fits: free memory (close other programs or models) or use a smaller model")
+              "no storage fits" + ("" if offloaded else ": free memory (close other programs or models) or use a "
+                                                         "smaller model"))
     where = "system memory (offload)" if offload else dev.type
     raise ConfigError(f"{what} in {storage.name} needs about {gb(need)} of weights, {where} has {gb(free)} "
-                      f"free: {advice}")
+                      f"free: {advice}{offloaded}")

@@ -116,6 +116,9 @@ def graphs() -> dict[str, tuple[dict, list]]:
                              "a hummingbird hovering over a red hibiscus flower, macro photograph", window=16),
         "simplear": _t2i({"model": "SimpleAR-1.5B-RL"}, "sjd",
                          "a cozy wooden cabin by a frozen lake under the northern lights", window=16),
+        # 34B: int8 with its blocks offloaded fits a 24 GB card (docs/benchmarks.md, "Emu3.5"); bfloat16 on 80 GB
+        "emu35": _t2i({"model": "Emu3.5-Image", "dtype": "int8", "offload": True}, "sjd",
+                      "a red fox curled up asleep in a snowy birch forest at dawn, soft light, photograph"),
         "emu3": _t2i({"model": "Emu3-Gen-hf"}, "gsd", "a bowl of ramen with a soft-boiled egg, studio lighting",
                      negative_prompt="lowres, blurry, text, watermark", G=10),
     }
@@ -198,10 +201,10 @@ def model_files(values: list) -> list[dict]:
     """The frontend's ``models`` metadata for a loader's single-file values (its
     missing-model dialog offers to download a listed file the server does not have):
     each file's hub URL from the download list's releases."""
-    from spec_ar.loaders.downloads import RELEASES
+    from spec_ar.loaders.downloads import RELEASES, Source
 
-    urls = {f: f"https://huggingface.co/{src.repo}/resolve/main/{f}"
-            for r in RELEASES.values() for src in r.sources for f in src.files if "*" not in f}
+    urls = {f: f"https://huggingface.co/{src.repo}/resolve/main/{f}" for r in RELEASES.values()
+            for src in r.sources if isinstance(src, Source) for f in src.files if "*" not in f}
     out = []
     for value in values:
         if isinstance(value, str) and value.endswith(MODEL_FILE):

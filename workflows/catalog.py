@@ -39,6 +39,9 @@ CATALOG: dict[str, tuple[str, str]] = {
                      "Lumina-mGPT-2.0/ (with movqgan_270M.ckpt in movqgan/270M/ or beside it)"),
     "simplear": ("SimpleAR 1.5B with SJD",
                  "SimpleAR-1.5B-RL/, Cosmos-1.0-Tokenizer-DV8x16x16/ beside it (its decoder.jit)"),
+    "emu35": ("Emu3.5 Image with SJD",
+              "Emu3.5-Image/ (with emu3.tiktoken, emu3_vision_tokens.txt and Emu3.5-VisionTokenizer/ in it, "
+              "as the download puts them), loaded in int8 with offload: a 24 GB card and 48 GB of system memory"),
 }
 
 

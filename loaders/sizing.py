@@ -1,0 +1,106 @@
+"""What fits a card: each storage option's weights, loaded whole or with the blocks offloaded, read from
+the checkpoint's headers (nothing is loaded), beside what each image of a batch needs while decoding.
+
+A model's weights part into the transformer's repeated blocks (``layers.N.``: what quantized storage
+quantizes and offload streams) and the rest (embeddings, head, norms, image models).  Loaded whole,
+the card holds both; offloaded, system memory holds the blocks and the card the rest plus two blocks
+(the one running and the next one's copy, :mod:`.offload`).  :func:`plans` gives every option's
+figures for a card and the largest batch each leaves room for; :func:`offload_advice` is what the
+loader's memory check adds when the weights asked for do not fit the card.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..sampling.memory import HEADROOM, gb
+from .storage import NEVER, STORAGES, Storage, full_dtype, quantizes, resolve
+
+#: a tensor of the transformer's N-th block (where quantized storage quantizes; ``NEVER``: image models)
+BLOCK = re.compile(r"(^|\.)layers\.(\d+)\.")
+#: options offload can stream (bitsandbytes keeps 4-bit weights on the GPU)
+OFFLOADABLE = ("bfloat16", "float16", "int8", "fp8")
+
+
+@dataclass(frozen=True)
+class Split:
+    """A model's weights in one storage option, in bytes."""
+    resident: int  # outside the blocks: on the card whether offloaded or not
+    blocks: int  # all the blocks
+    largest: int  # the largest block
+    count: int  # blocks
+
+    @property
+    def whole(self) -> int:
+        return self.resident + self.blocks
+
+    def on_card(self, offload: bool) -> int:
+        return self.resident + 2 * self.largest if offload else self.whole
+
+    def in_system(self, offload: bool) -> int:
+        return self.blocks if offload else 0
+
+
+def split(files, dtype, device="cuda") -> Split:
+    """The weights of ``files`` as ``dtype`` stores them on ``device`` (read from the headers)."""
+    from ..formats.checkpoints import peek
+
+    storage = resolve(dtype)
+    full = full_dtype(storage, device).itemsize
+    resident, blocks = 0.0, {}
+    for f in files:
+        for name, shape in peek(f).items():
+            n = 1
+            for d in shape:
+                n *= d
+            size = n * storage.bits / 8 + shape[0] * storage.row_bytes if quantizes(name, shape, storage) else n * full
+            block = BLOCK.search(name)
+            if block and not NEVER.search(name):
+                blocks[block.group(2)] = blocks.get(block.group(2), 0) + size
+            else:
+                resident += size
+    return Split(int(resident), int(sum(blocks.values())), int(max(blocks.values(), default=0)), len(blocks))
+
+
+@dataclass(frozen=True)
+class Plan:
+    storage: str
+    offload: bool
+    card: int  # bytes of weights on the card
+    system: int  # bytes of weights in system memory
+    batch: int  # images that fit beside them (0: the weights alone do not fit, or not even one image)
+
+    @property
+    def fits(self) -> bool:
+        return self.batch > 0
+
+
+def plans(files, card: int, system: int | None = None, per_image: int = 0,
+          storages=("bfloat16", "int8", "fp8", "nf4")) -> list[Plan]:
+    """For a card of ``card`` bytes (and ``system`` bytes of system memory, None: not limited): every
+    option of ``storages``, whole and (where it can) offloaded, with the batch of ``per_image`` bytes each
+    leaves room for (the largest that fits :data:`HEADROOM` of the card; with ``per_image`` 0, 1 when the
+    weights fit)."""
+    out = []
+    for name in storages:
+        s = split(files, STORAGES[name])
+        for offload in (False, True) if name in OFFLOADABLE else (False,):
+            on_card, in_system = s.on_card(offload), s.in_system(offload)
+            room = HEADROOM * card - on_card
+            if room < 0 or (system is not None and in_system > HEADROOM * system):
+                batch = 0
+            else:
+                batch = int(room // per_image) if per_image else 1
+            out.append(Plan(name, offload, on_card, in_system, batch))
+    return out
+
+
+def offload_advice(files, storage: Storage, card_free: int, system_free: int | None) -> str:
+    """The loader's words for weights that do not fit the card: which options fit with their blocks
+    offloaded, naming what each leaves on the card and puts in system memory; "" when none does."""
+    fits = [p for p in plans(files, card_free, system_free, storages=OFFLOADABLE) if p.offload and p.fits]
+    if not fits:
+        return ""
+    fits.sort(key=lambda p: (p.storage != storage.name, -p.card))
+    named = " or ".join(f"{p.storage} ({gb(p.card)} on the card, {gb(p.system)} of system memory)" for p in fits)
+    return f"; with offload (the blocks in system memory, streamed): {named}"
