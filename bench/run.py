@@ -327,7 +327,8 @@ def main(argv=None) -> int:
     """``spec-ar bench [options]``, ``spec-ar bench overhead [options]`` (the engine's own cost), or
     ``spec-ar bench storage [options]`` (weight storage options side by side), ``spec-ar bench gpu
     [options]`` (bandwidth, 7B-class forwards against their floor, the embedded model per mode), or
-    ``spec-ar bench auto-window [options]`` (the window on auto, quiet and beside busy processes)."""
+    ``spec-ar bench auto-window [options]`` (the window on auto, quiet and beside busy processes), or ``spec-ar
+    bench cards [options]`` (what fits a card of each size)."""
     from ..embedded_tools.demo import PROMPTS
     from .sweeps import sweep_help
 
@@ -344,6 +345,10 @@ def main(argv=None) -> int:
         from .gpu import main as gpu
 
         return gpu(argv[1:])
+    if argv[:1] == ["cards"]:
+        from .cards import main as cards
+
+        return cards(argv[1:])
     if argv[:1] == ["auto-window"]:
         from .auto_window import main as auto_window
 
