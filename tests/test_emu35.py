@@ -344,3 +344,18 @@ def test_the_authors_rope_scalings_give_their_logits(folder, recorded, tmp_path,
     assert diff < 1e-4, float(diff)
     unscaled = (ours[: expected.shape[0], logits["ids"]] - logits["conditional"]).abs().max()
     assert (unscaled > 1e-2) == (scaling == "linear")  # the test can tell
+
+
+def test_the_compact_vocabulary_scores_the_heads_image_rows_only(model):
+    """131,072 codes of 282,926 ids in the release: the engine's rows hold the codes and the forced tokens, and the
+    head multiplies its visual rows only (a view of its weight, no copy)."""
+    from spec_ar.sampling.compact import CompactVocabulary, compact
+
+    ad = compact(model.adapter)
+    assert isinstance(ad, CompactVocabulary) and ad.native
+    image = model.adapter.vocab.image_ids
+    assert ad.ids[: ad.n_image].tolist() == image.tolist() and ad.output_width() == ad.n_image < ad.inner.vocab_size
+    assert torch.equal(image, torch.arange(int(image[0]), int(image[0]) + image.numel()))  # one contiguous range
+    ad.inner.output_ids(ad.ids[: ad.n_image])
+    assert ad.inner.head_rows == (int(image[0]), int(image[-1]) + 1)
+    ad.inner.output_ids(None)
