@@ -76,7 +76,8 @@ def _render(args) -> int:
             raise ConfigError(f"{model.name} is text-conditional: give --prompt (not --class-id)")
         conditions = [args.prompt] * args.batch
     if model.decode is None:
-        raise ConfigError(f"{model.name} needs its VQ decoder to make images: give --vq")
+        raise ConfigError(model.info.get("no_decoder")
+                          or f"{model.name} needs its VQ decoder to make images: give --vq")
     drafter = (load_drafter(args.drafter, model, args.text_encoder, device, dtype) if args.drafter else None)
     decoder = SpeculativeDecoder(model.adapter, config, drafter=drafter, surface="cli")
     negatives = [args.negative_prompt] * args.batch if args.negative_prompt else None

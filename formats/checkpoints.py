@@ -230,12 +230,12 @@ def _converts(t: torch.Tensor, dtype: torch.dtype | None) -> bool:
     return dtype is not None and t.is_floating_point() and t.dtype != dtype
 
 
-def _read_safetensors(path: pathlib.Path, dtype, lazy: bool) -> dict[str, torch.Tensor]:
+def _read_safetensors(path: pathlib.Path, dtype, lazy: bool, keep=None) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     with _safetensors_errors(path):
-        with safe_open(str(path), framework="pt") as f:
-            mapped = {k: f.get_tensor(k) for k in f.keys()}  # views of one map: nothing is read yet
+        with safe_open(str(path), framework="pt") as f:  # views of one map: nothing is read yet
+            mapped = {k: f.get_tensor(k) for k in f.keys() if keep is None or keep(k)}
         copied = [k for k, t in mapped.items() if not lazy or _converts(t, dtype)]
         out = {}
         for k in copied:
@@ -268,17 +268,19 @@ def _read_pickle(path: pathlib.Path, dtype, lazy: bool) -> dict[str, torch.Tenso
 
 
 def read_weights(files: Iterable[str | pathlib.Path], dtype: torch.dtype | None = None,
-                 lazy: bool = True) -> dict[str, torch.Tensor]:
+                 lazy: bool = True, keep=None) -> dict[str, torch.Tensor]:
     """Every tensor of ``files`` (safetensors, or weights-only pickles, unwrapped by :func:`state_dict`),
     the floating ones in ``dtype``, with at most one tensor held twice at any time.  Tensors already in
     ``dtype`` stay memory-mapped unless ``lazy`` is false (for a caller that rewrites them and wants each
-    source freed as it goes)."""
+    source freed as it goes).  ``keep(name)``: only the tensors it accepts (safetensors files only)."""
     out = {}
     for f in map(pathlib.Path, files):
         if not f.is_file():
             raise CheckpointError(f"{f}: no such file")
-        read = _read_safetensors if f.suffix == ".safetensors" else _read_pickle
-        out.update(read(f, dtype, lazy))
+        if keep is not None and f.suffix != ".safetensors":
+            raise CheckpointError(f"{f}: only safetensors files are read in part")
+        out.update(_read_safetensors(f, dtype, lazy, keep) if f.suffix == ".safetensors"
+                   else _read_pickle(f, dtype, lazy))
     return out
 
 

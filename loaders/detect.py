@@ -11,7 +11,7 @@ import torch
 
 from ..formats.checkpoints import CheckpointError, peek, read_json
 from ..sampling.config import ConfigError
-from . import chameleon, embedded, emu3, emu35, janus, liquid, llamagen, lumina2, simplear
+from . import chameleon, embedded, emu3, emu35, glm_image, janus, liquid, llamagen, lumina2, simplear
 from .family import Detected, Family, LoadOptions, NotAModel
 from .offload import ACTIVE as OFFLOAD
 from .static_cache import resolve_path
@@ -21,10 +21,12 @@ from .storage import STORAGES, check_available, checkpoint_files, choose, full_d
 #: folder by reading the checkpoint files in it, which must not happen to Meta's
 #: 14 GB consolidated.pth (an Anole folder).  Their config.json sets them apart otherwise.
 FAMILIES: tuple[Family, ...] = (embedded.FAMILY, janus.FAMILY, lumina2.FAMILY, chameleon.LUMINA, emu35.FAMILY,
-                                emu3.FAMILY, chameleon.ANOLE, liquid.FAMILY, simplear.FAMILY, llamagen.FAMILY)
+                                emu3.FAMILY, chameleon.ANOLE, liquid.FAMILY, simplear.FAMILY, glm_image.FAMILY,
+                                llamagen.FAMILY)
 BY_NAME = {family.name: family for family in FAMILIES}
 #: families whose loaders place their language model with ``storage.place`` (quantized storage)
-QUANTIZABLE = ("embedded", "llamagen", "emu3", "emu35", "janus", "lumina", "anole", "liquid", "lumina2", "simplear")
+QUANTIZABLE = ("embedded", "llamagen", "emu3", "emu35", "janus", "lumina", "anole", "liquid", "lumina2", "simplear",
+               "glm_image")
 
 
 def _describe(keys: dict) -> str:

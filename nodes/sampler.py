@@ -190,6 +190,7 @@ class SpeculativeARSampler(io.ComfyNode):
                       if decode is not None else code_grid_image(tokens))
         finally:
             name, warnings, decoded = loaded.name, list(loaded.warnings), decode is not None
+            why = loaded.info.get("no_decoder")
             if unload_after_run:  # nothing here may keep the weights alive
                 decoder = decode = loaded = None
                 model.release()
@@ -202,7 +203,8 @@ class SpeculativeARSampler(io.ComfyNode):
         text += (f"\npreviews: {throttle.count} in {throttle.spent * 1000:.0f} ms "
                  f"({throttle.spent / max(first.latency_s, 1e-9):.1%} of sampling)")
         if not decoded:
-            text += "\n(no VQ decoder: the image shows the token grid; connect a decoder or VQ Decode)"
+            text += (f"\n({why}; the image shows the token grid)" if why else
+                     "\n(no VQ decoder: the image shows the token grid; connect a decoder or VQ Decode)")
         text += "".join(f"\nwarning: {w}" for w in warnings)
         return io.NodeOutput(images, text, first.nfe, first.latency_s, first.tokens_per_forward,
                              common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), name),

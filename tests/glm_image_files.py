@@ -1,0 +1,166 @@
+"""Tiny random GLM-Image folders in the release's diffusers layout (zai-org/GLM-Image), the AR stage only:
+
+* ``model_index.json`` (``GlmImagePipeline``, every component the release lists);
+* ``vision_language_encoder/``: ``config.json`` (``model_type "glm_image"``, ``GlmImageForConditionalGeneration``),
+  ``generation_config.json`` (sampling on, temperature 0.9, top-p 0.75, the image end as end id) and the weights
+  as two bfloat16 safetensors shards with their index; the whole model transformers builds (text model, head,
+  vision encoder, VQ model), so that transformers' own ``from_pretrained`` reads it;
+* ``processor/``: a ``GlmImageProcessor`` saved by transformers (its PIL image processor, a fast tokenizer, a chat
+  template), as ``GlmImageProcessor.from_pretrained`` (the diffusers pipeline's ``processor``) reads it.
+
+The sizes are those of transformers' own GLM-Image tests (``tests/models/glm_image``: 2 layers, 2 heads, 1 key/value
+head, M-RoPE sections of three parts) scaled to keep the release's partial rotary factor 0.5 (head width 32, 16
+rotary dims, sections ``[2, 3, 3]``: the release's ``[8, 12, 12]`` a quarter as wide).  The vocabulary keeps the
+release's order: ids ``0 .. CODES - 1`` are the image codes ``<|dit_token_N|>``, then the image start and end
+(``<|dit_token_CODES|>``, ``<|dit_token_CODES+1|>``: 16384 and 16385 in the release), then more ``<|dit_token_N|>``
+up to the head's ``VISION_VOCAB`` ids (16512 in the release), then the text tokens (byte-level BPE over a few words)
+and GLM's specials (``<sop>``, ``<eop>``, ``<|image|>``, ...).  The tokenizer's BOS is the image start, as the
+release's processor appends it.  The chat template renders a user turn's text as it is (the suffix
+``<sop>H W<eop><sop>h w<eop><|dit_token_16384|>`` is the processor's own); the release's template is not
+reproduced, and need not be: the pack calls the release's processor, whatever template it ships.
+
+Weights are drawn from one seeded generator in name order (not from transformers' initialisation, which may change
+between releases), so the reference recorded from them (``glm_image_reference.py``) stays valid.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import torch
+
+CODES = 64  # image codes (16384 in the release)
+VISION_VOCAB = 80  # the head's ids (16512 in the release): codes, image start and end, more dit tokens
+START, END = CODES, CODES + 1
+WORDS = ("a red fox in snow blue sky cat on mat lighthouse at dawn photo of an astronaut riding horse mars "
+         "poster with the word hello").split()
+GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
+                "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|image|>"]
+CHAT_TEMPLATE = ("{%- for message in messages -%}{%- if message.content is string -%}{{ message.content }}"
+                 "{%- else -%}{%- for item in message.content -%}{%- if item.type == 'image' -%}"
+                 "<|dit_token_" + str(START) + "|><|image|><|dit_token_" + str(END) + "|>"
+                 "{%- elif item.type == 'text' -%}{{ item.text }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+                 "{%- endfor -%}")
+TEXT = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1}
+MODEL_INDEX = {"_class_name": "GlmImagePipeline", "_diffusers_version": "0.37.0.dev0",
+               "processor": ["transformers", "GlmImageProcessor"],
+               "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+               "text_encoder": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "ByT5Tokenizer"],
+               "transformer": ["diffusers", "GlmImageTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"],
+               "vision_language_encoder": ["transformers", "GlmImageForConditionalGeneration"]}
+
+
+def dit(i: int) -> str:
+    return f"<|dit_token_{i}|>"
+
+
+def write_tokenizer_object():
+    """A fast tokenizer: dit tokens at ids 0 .. VISION_VOCAB - 1, byte-level BPE text after them, GLM's specials
+    last; ``(tokenizer, ids of the specials)``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from .simplear_files import SPLIT, byte_symbols
+
+    vocab = {dit(i): i for i in range(VISION_VOCAB)}  # in the model's vocabulary, and added (special) below
+    vocab.update({s: VISION_VOCAB + i for i, s in enumerate(byte_symbols())})
+    merges: list[tuple[str, str]] = []
+    for word in WORDS:
+        current = word[0]
+        for ch in word[1:]:
+            if (current, ch) not in merges:
+                merges.append((current, ch))
+            current += ch
+            vocab.setdefault(current, len(vocab))
+    for word in WORDS:
+        merges.append(("Ġ", word))
+        vocab.setdefault("Ġ" + word, len(vocab))
+    from tokenizers import Regex
+
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    spec = json.loads(tok.to_str())
+    first = len(vocab)
+    specials = {s: first + i for i, s in enumerate(GLM_SPECIALS)}
+    names = [(i, dit(i)) for i in range(VISION_VOCAB)] + [(i, s) for s, i in specials.items()]
+    spec["added_tokens"] = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for i, s in names]
+    return Tokenizer.from_str(json.dumps(spec)), specials
+
+
+def glm_config(vocab_size: int, specials: dict, **text) -> dict:
+    """The ``GlmImageConfig`` fields of the tiny model (the release's layout, transformers' test sizes)."""
+    return {
+        "text_config": {**TEXT, **text, "vocab_size": vocab_size, "vision_vocab_size": VISION_VOCAB,
+                        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "attention_bias": True,
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                            "partial_rotary_factor": 0.5},
+                        "pad_token_id": specials["<|endoftext|>"], "eos_token_id": END},
+        "vision_config": {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32, "patch_size": 16,
+                          "image_size": 64, "spatial_merge_size": 1},
+        "vq_config": {"embed_dim": 16, "num_embeddings": CODES, "latent_channels": 32},
+        "image_token_id": specials["<|image|>"], "image_start_token_id": START, "image_end_token_id": END}
+
+
+def random_state(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """Every tensor of ``model``'s state drawn in name order from one generator, in bfloat16."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, t in sorted(model.state_dict().items()):
+        if not t.is_floating_point():
+            out[name] = t
+            continue
+        if name.endswith("norm.weight") or name.endswith("norm1.weight") or name.endswith("norm2.weight"):
+            value = 1 + 0.1 * torch.randn(t.shape, generator=g)
+        elif name.endswith(".bias"):
+            value = 0.1 * torch.randn(t.shape, generator=g)
+        elif "embed" in name or name == "lm_head.weight":  # spread the logits so that greedy picks vary
+            value = 2.0 * torch.randn(t.shape, generator=g)
+        else:
+            value = 0.3 * torch.randn(t.shape, generator=g)
+        out[name] = value.to(torch.bfloat16)
+    return out
+
+
+def generation(specials: dict) -> dict:
+    """generation_config.json as the release's vision_language_encoder holds it (sampling settings and ids)."""
+    return {"_from_model_config": False, "do_sample": True, "temperature": 0.9, "top_p": 0.75,
+            "eos_token_id": END, "pad_token_id": specials["<|endoftext|>"], "bos_token_id": START,
+            "transformers_version": "5.0.0.dev0"}
+
+
+def write_glm_image(folder: pathlib.Path, seed: int = 0, generation_config: dict | None = None,
+                    **text) -> pathlib.Path:
+    """The diffusers-layout folder (AR stage only); ``generation_config``: the file to write instead."""
+    from transformers import GlmImageConfig, GlmImageForConditionalGeneration, GlmImageProcessor
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.glm_image import GlmImageImageProcessorPil
+
+    from .liquid_files import write_two_shards
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok, specials = write_tokenizer_object()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=dit(START), eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        padding_side="left", extra_special_tokens={"image_token": "<|image|>", "grid_bos_token": "<sop>",
+                                                   "grid_eos_token": "<eop>"})
+    processor = GlmImageProcessor(image_processor=GlmImageImageProcessorPil(), tokenizer=tokenizer,
+                                  chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(str(folder / "processor"))
+    cfg = glm_config(len(tokenizer), specials, **text)
+    config = GlmImageConfig(**cfg)
+    with torch.device("meta"):
+        model = GlmImageForConditionalGeneration(config)
+    sd = random_state(model, seed)
+    encoder = folder / "vision_language_encoder"
+    encoder.mkdir(exist_ok=True)
+    write_two_shards(encoder, sd)
+    saved = config.to_dict()
+    saved.update(architectures=["GlmImageForConditionalGeneration"], dtype="bfloat16")
+    (encoder / "config.json").write_text(json.dumps(saved, indent=2))
+    (encoder / "generation_config.json").write_text(json.dumps(generation_config or generation(specials), indent=2))
+    (folder / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2))
+    return folder
