@@ -1,9 +1,18 @@
 """GLM-Image (zai-org/GLM-Image): its autoregressive stage, the 9B ``GlmImageForConditionalGeneration`` (GLM-4
 based) that writes the semantic "prior" tokens a 7B DiT then renders.  The DiT stage (``transformer/``, ``vae/``,
-``text_encoder/`` of the release) is not built here yet: the loaded model samples the prior tokens, and decoding them
-to pixels is not offered (the loaded model has no decoder and says why, :data:`NO_DECODER`: the command line
-refuses before sampling, the sampler node shows the token grid and outputs the tokens; :func:`prior_token_ids` on
-the stream gives diffusers' ``GlmImagePipeline(prior_token_ids=...)``).
+``text_encoder/``, ``tokenizer/``, ``scheduler/`` of the release) is the loaded model's decoder
+(:class:`PriorDecode`, diffusers' own ``GlmImagePipeline`` run on the prior tokens: :mod:`..decoders.glm_dit`;
+diffusers >= 0.37 needed then, checked before anything is read).  A folder without those parts samples the prior
+tokens only: the loaded model has no decoder and says which folders are missing (:func:`no_decoder`: the command
+line refuses before sampling, the sampler node shows the token grid and outputs the tokens; :func:`prior_token_ids`
+on the stream gives diffusers' ``GlmImagePipeline(prior_token_ids=...)``).
+
+**The decoder needs the prompt** (the DiT is conditioned on its quoted text, through the ByT5 glyph encoder): the
+adapter remembers the prompts it last sampled for (:attr:`GlmImageAdapter.last_prompts`) and the decoder uses them,
+so ``decode(result.image_tokens(layout))`` after ``generate`` needs nothing more (one prompt for the whole batch:
+any chunk of it; different prompts: the whole batch in one call); ``decode(tokens, prompts=[...])`` names them.
+Its DiT settings are the decoder's attributes ``steps``, ``guidance`` (the pipeline's defaults, 50 and 1.5, in
+``info``) and ``seed`` (0: the DiT's noise is its own, not the AR stage's seed).
 
 **The release** is a diffusers folder: ``model_index.json`` (``GlmImagePipeline``), ``vision_language_encoder/``
 (``config.json`` with ``model_type "glm_image"``, ``generation_config.json``, safetensors shards; the vision encoder
@@ -44,6 +53,7 @@ import pathlib
 
 import torch
 
+from ..decoders import glm_dit
 from ..formats.checkpoints import (CheckpointError, assign_weights, checked_weight_files, empty_model, hf_call, peek,
                                    read_json, read_weights)
 from ..sampling.adapter import TokenLayout
@@ -70,10 +80,19 @@ SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 INSTALL = "pip install 'transformers>=5.0'"
 
 
-#: why the loaded model makes no images (what the command line and the sampler node say)
-NO_DECODER = ("GLM-Image's decoder, its DiT stage (transformer/, vae/ and text_encoder/ of the release, diffusers' "
-              "GlmImagePipeline), is not part of this pack yet: it samples the AR stage's prior tokens only "
-              "(loaders.glm_image.prior_token_ids gives the pipeline's prior_token_ids)")
+def no_decoder(missing) -> str:
+    """Why the loaded model makes no images (what the command line and the sampler node say): the DiT stage's
+    folders ``missing`` from the release."""
+    have = "none of them" if set(missing) >= set(glm_dit.PARTS) else \
+        f"no {', '.join(p + '/' for p in missing)}"
+    return (f"GLM-Image's decoder, its DiT stage (diffusers' GlmImagePipeline), needs "
+            f"{', '.join(p + '/' for p in glm_dit.PARTS)} of the release beside {ENCODER}/; this folder has "
+            f"{have}: it samples the AR stage's prior tokens only (loaders.glm_image.prior_token_ids gives the "
+            f"pipeline's prior_token_ids)")
+
+
+#: the message of a folder with the AR stage alone
+NO_DECODER = no_decoder(glm_dit.PARTS)
 
 
 def glm_classes():
@@ -286,6 +305,8 @@ class GlmImageAdapter(TransformersAdapter):
         self.codes = codes
         self.cache = None
         self._prompts: dict[str, list[int]] = {}
+        #: the prompts of the last prefill (sampling or scoring): what :class:`PriorDecode` decodes for
+        self.last_prompts: list[str] | None = None
 
     def prompt_inputs(self, prompt: str) -> dict:
         """What ``GlmImagePipeline.generate_prior_tokens`` gets from the processor for ``prompt`` (one sample)."""
@@ -307,7 +328,9 @@ class GlmImageAdapter(TransformersAdapter):
     def condition_rows(self, conditions, negatives, guided):
         if guided:
             raise ConfigError("GLM-Image's AR stage runs without guidance, as its reference: set cfg_scale to 1")
-        return [self.prompt_ids(p) for p in conditions]
+        rows = [self.prompt_ids(p) for p in conditions]
+        self.last_prompts = list(conditions)
+        return rows
 
     def pad_id(self) -> int:
         return self.end  # any id: the left padding is masked
@@ -336,6 +359,53 @@ def prior_token_ids(tokens: torch.Tensor, adapter: GlmImageAdapter) -> torch.Ten
     return torch.nn.functional.interpolate(grid, scale_factor=2, mode="nearest").long().flatten(1)
 
 
+class PriorDecode:
+    """The loaded model's ``decode``: image tokens -> images ``[B, 3, H, W]`` float32 in [0, 1] through the DiT
+    stage (:meth:`.glm_dit.GlmDiT.decode`), for the prompts the adapter last sampled (or ``prompts``).  The
+    tokens are the layout's (``[B, 1, n]``: preview and large grid) or the large grid ``[B, H/32, W/32]``.
+    ``steps``, ``guidance``, ``seed`` and ``progress`` (``progress(done, steps)``) are settable."""
+
+    #: a partial stream is no picture for the DiT, and each call runs all its steps: no previews while sampling
+    previews = False
+
+    def __init__(self, dit: "glm_dit.GlmDiT", adapter: GlmImageAdapter, steps: int | None = None,
+                 guidance: float | None = None, seed: int = 0, progress=None):
+        self.dit, self.adapter = dit, adapter
+        self.steps = dit.defaults["steps"] if steps is None else steps
+        self.guidance = dit.defaults["guidance"] if guidance is None else guidance
+        self.seed, self.progress = seed, progress
+        if adapter.start > dit.codes:
+            raise CheckpointError(f"GLM-Image's DiT has {dit.codes} prior codes; the AR stage draws "
+                                  f"{adapter.start} (the ids below its image start)")
+
+    def prior(self, tokens: torch.Tensor) -> torch.Tensor:
+        (ph, pw), (h, w) = self.adapter.preview, self.adapter.large
+        if tokens.dim() == 3 and tuple(tokens.shape[1:]) == (h, w):
+            return tokens
+        if tokens.dim() == 3 and tuple(tokens.shape[1:]) == tuple(self.adapter.layout.grid):
+            return tokens.flatten(1)[:, ph * pw:].reshape(-1, h, w)
+        raise ValueError(f"GLM-Image's decoder takes the sampler's image tokens [B, {self.adapter.layout.grid[0]}, "
+                         f"{self.adapter.layout.grid[1]}] or the large grid [B, {h}, {w}], got {tuple(tokens.shape)}")
+
+    def prompts_for(self, n: int) -> list[str]:
+        last = self.adapter.last_prompts
+        if not last:
+            raise ValueError("GLM-Image's decoder needs the prompt (its DiT reads the prompt's quoted text): sample "
+                             "with this model first, or give decode(tokens, prompts=[...])")
+        if len(set(last)) == 1:
+            return [last[0]] * n
+        if len(last) == n:
+            return list(last)
+        raise ValueError(f"GLM-Image's decoder: the last sampling made {len(last)} images of {len(set(last))} "
+                         f"different prompts and this call decodes {n}: which prompt is whose is unknown; decode the "
+                         "whole batch at once or give decode(tokens, prompts=[...])")
+
+    def __call__(self, tokens: torch.Tensor, prompts=None, progress=None) -> torch.Tensor:
+        prior = self.prior(tokens)
+        prompts = self.prompts_for(len(prior)) if prompts is None else list(prompts)
+        return self.dit.decode(prior, prompts, self.steps, self.guidance, self.seed, progress or self.progress)
+
+
 def load_processor(encoder: pathlib.Path):
     where = processor_folder(encoder)
     if where is None:
@@ -350,7 +420,8 @@ def load_processor(encoder: pathlib.Path):
 
 
 def load(path, device="cpu", dtype=torch.float32, width=None, height=None):
-    """A :class:`~.base.LoadedModel` sampling GLM-Image's prior tokens (no decoder yet: :data:`NO_DECODER`)."""
+    """A :class:`~.base.LoadedModel` sampling GLM-Image's prior tokens, with the DiT stage as its decoder where the
+    release has its folders (:mod:`..decoders.glm_dit`), else none (:func:`no_decoder`)."""
     from .base import LoadedModel
 
     path = pathlib.Path(path)
@@ -360,6 +431,9 @@ def load(path, device="cpu", dtype=torch.float32, width=None, height=None):
                               f"or the {ENCODER} folder itself)")
     release = encoder.parent if encoder.name == ENCODER else encoder
     glm_classes()  # before anything is read
+    missing = glm_dit.missing_parts(encoder.parent)  # the DiT's folders, beside the AR model's
+    if not missing:
+        glm_dit.diffusers_classes()  # diffusers too, before anything is read
     processor, where = load_processor(encoder)
     if not width and not height:  # the processor's own target size (GlmImageProcessor.target_w / target_h)
         width, height = getattr(processor, "target_w", 768), getattr(processor, "target_h", 1152)
@@ -368,18 +442,26 @@ def load(path, device="cpu", dtype=torch.float32, width=None, height=None):
     sampling = release_sampling(encoder)  # before the weights are read
     model, config = load_model(encoder, device, dtype)
     codes = codebook(encoder)
+    dit = None if missing else glm_dit.GlmDiT.load(encoder.parent, device, full_dtype(dtype, device))
 
     def build(size) -> LoadedModel:
         w, h = (size, size) if isinstance(size, int) else size
         check_size(w, h)
         adapter = GlmImageAdapter(model, processor, w, h, config, sampling, codes)
-        return LoadedModel(family=FAMILY_NAME, name=f"GLM-Image AR ({release.name})", adapter=adapter,
-                           decode=None, condition="text", resolutions=tuple(sorted({*SIZES, w, h})),
-                           resize=build,
-                           info={"resolution": w if w == h else None, "width": w, "height": h,
-                                 "grid": adapter.layout.grid, "preview_grid": adapter.preview,
-                                 "prior_grid": adapter.large, "processor": str(where), "no_decoder": NO_DECODER},
-                           modules={"glm_image_ar": model})
+        info = {"resolution": w if w == h else None, "width": w, "height": h, "grid": adapter.layout.grid,
+                "preview_grid": adapter.preview, "prior_grid": adapter.large, "processor": str(where)}
+        if dit is None:
+            info["no_decoder"] = no_decoder(missing)
+            decode, modules, per_image = None, {"glm_image_ar": model}, 0
+        else:
+            decode = PriorDecode(dit, adapter)
+            info.update(dit_steps=decode.steps, dit_guidance=decode.guidance, dit_seed=decode.seed,
+                        diffusers=dit.version)
+            modules, per_image = {"glm_image_ar": model, **dit.modules}, dit.bytes_per_image(*adapter.large)
+        name = f"GLM-Image ({release.name})" if dit is not None else f"GLM-Image AR ({release.name})"
+        return LoadedModel(family=FAMILY_NAME, name=name, adapter=adapter, decode=decode, condition="text",
+                           resolutions=tuple(sorted({*SIZES, w, h})), resize=build, info=info, modules=modules,
+                           decode_bytes_per_image=per_image)
 
     return build((width, height))
 
@@ -392,5 +474,6 @@ FAMILY = Family(
     FAMILY_NAME, detect=_detect, load=_load, square=False,
     needs="a GLM-Image folder (zai-org/GLM-Image, diffusers layout: model_index.json of GlmImagePipeline, "
           "vision_language_encoder/ with config.json of model_type 'glm_image' and safetensors, processor/), or its "
-          "vision_language_encoder folder with processor/ beside it; the AR stage only (prior tokens), on "
-          "transformers >= 5.0")
+          "vision_language_encoder folder with processor/ beside it, on transformers >= 5.0; with the release's "
+          "transformer/, vae/, text_encoder/, tokenizer/ and scheduler/ the DiT stage decodes (diffusers >= 0.37), "
+          "without them the AR stage samples the prior tokens only")

@@ -176,7 +176,7 @@ class SpeculativeARSampler(io.ComfyNode):
             mm.throw_exception_if_processing_interrupted()
             done = min(event.committed)
             preview = None
-            if decode is not None and throttle.due() and done < layout.length:
+            if decode is not None and getattr(decode, "previews", True) and throttle.due() and done < layout.length:
                 t = time.perf_counter()
                 preview = ("JPEG", common.partial_preview(decode, event.tokens, done, layout), 512)
                 throttle.record(time.perf_counter() - t)

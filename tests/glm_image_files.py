@@ -1,4 +1,5 @@
-"""Tiny random GLM-Image folders in the release's diffusers layout (zai-org/GLM-Image), the AR stage only:
+"""Tiny random GLM-Image folders in the release's diffusers layout (zai-org/GLM-Image), the AR stage, and with
+``dit_stage=True`` the DiT stage too:
 
 * ``model_index.json`` (``GlmImagePipeline``, every component the release lists);
 * ``vision_language_encoder/``: ``config.json`` (``model_type "glm_image"``, ``GlmImageForConditionalGeneration``),
@@ -6,7 +7,15 @@
   as two bfloat16 safetensors shards with their index; the whole model transformers builds (text model, head,
   vision encoder, VQ model), so that transformers' own ``from_pretrained`` reads it;
 * ``processor/``: a ``GlmImageProcessor`` saved by transformers (its PIL image processor, a fast tokenizer, a chat
-  template), as ``GlmImageProcessor.from_pretrained`` (the diffusers pipeline's ``processor``) reads it.
+  template), as ``GlmImageProcessor.from_pretrained`` (the diffusers pipeline's ``processor``) reads it;
+* with ``dit_stage=True`` (:func:`write_dit`, diffusers needed): ``transformer/`` (``GlmImageTransformer2DModel``),
+  ``vae/`` (``AutoencoderKL``), ``text_encoder/`` (``T5EncoderModel``), ``tokenizer/`` (``ByT5Tokenizer``) and
+  ``scheduler/`` (``FlowMatchEulerDiscreteScheduler``), each its library's ``save_pretrained`` (safetensors and
+  JSON), at the sizes of diffusers' own GLM-Image pipeline test (``tests/pipelines/glm_image``: DiT patch 2, two
+  layers of two 8-wide heads, a four-level VAE with 4 latent channels: 8 x 2 = 16 px per upsampled prior token,
+  32 per large-grid token as in the release), the T5 a two-layer 32-wide ByT5 (384 ids), the DiT's prior codebook
+  the tiny AR model's ``CODES``; weights drawn from one seeded generator in name order (not the libraries'
+  initialisation, which leaves parts zero), the VAE's latents mean and std not 0 and 1.
 
 The sizes are those of transformers' own GLM-Image tests (``tests/models/glm_image``: 2 layers, 2 heads, 1 key/value
 head, M-RoPE sections of three parts) scaled to keep the release's partial rotary factor 0.5 (head width 32, 16
@@ -132,9 +141,50 @@ def generation(specials: dict) -> dict:
             "transformers_version": "5.0.0.dev0"}
 
 
-def write_glm_image(folder: pathlib.Path, seed: int = 0, generation_config: dict | None = None,
+def drawn(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """``module`` with every floating tensor of its state drawn in name order from one generator (float32)."""
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, t in sorted(module.state_dict().items()):
+        if not t.is_floating_point():
+            state[name] = t
+        elif "norm" in name and name.endswith(".weight"):
+            state[name] = 1 + 0.1 * torch.randn(t.shape, generator=g)
+        elif name.endswith(".bias"):
+            state[name] = 0.1 * torch.randn(t.shape, generator=g)
+        else:
+            state[name] = min(0.5, 1.5 / max(1, t[0].numel()) ** 0.5) * torch.randn(t.shape, generator=g)
+    module.load_state_dict(state)
+    return module
+
+
+def write_dit(folder: pathlib.Path, seed: int = 1) -> pathlib.Path:
+    """The DiT stage's folders of the release in ``folder`` (see the module's docstring)."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
+    from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
+
+    t5 = T5EncoderModel(T5Config(vocab_size=384, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                                 relative_attention_num_buckets=8, dropout_rate=0.0, feed_forward_proj="gated-gelu"))
+    drawn(t5, seed).save_pretrained(str(folder / "text_encoder"))
+    ByT5Tokenizer().save_pretrained(str(folder / "tokenizer"))
+    transformer = GlmImageTransformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+        text_embed_dim=32, time_embed_dim=16, condition_dim=8, prior_vq_quantizer_codebook_size=CODES)
+    drawn(transformer, seed + 1).save_pretrained(str(folder / "transformer"))
+    vae = AutoencoderKL(
+        block_out_channels=(4, 8, 16, 16), in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4, latent_channels=4, norm_num_groups=4, sample_size=128,
+        latents_mean=[0.1, -0.2, 0.0, 0.3], latents_std=[1.5, 0.8, 1.0, 1.2])
+    drawn(vae, seed + 2).save_pretrained(str(folder / "vae"))
+    FlowMatchEulerDiscreteScheduler(base_shift=0.25, max_shift=0.75, base_image_seq_len=256, use_dynamic_shifting=True,
+                                    time_shift_type="linear").save_pretrained(str(folder / "scheduler"))
+    return folder
+
+
+def write_glm_image(folder: pathlib.Path, seed: int = 0, generation_config: dict | None = None, dit_stage: bool = False,
                     **text) -> pathlib.Path:
-    """The diffusers-layout folder (AR stage only); ``generation_config``: the file to write instead."""
+    """The diffusers-layout folder (the AR stage; ``dit_stage``: the DiT stage's folders too, :func:`write_dit`);
+    ``generation_config``: the file to write instead."""
     from transformers import GlmImageConfig, GlmImageForConditionalGeneration, GlmImageProcessor
     from transformers import PreTrainedTokenizerFast
     from transformers.models.glm_image import GlmImageImageProcessorPil
@@ -163,4 +213,6 @@ def write_glm_image(folder: pathlib.Path, seed: int = 0, generation_config: dict
     (encoder / "config.json").write_text(json.dumps(saved, indent=2))
     (encoder / "generation_config.json").write_text(json.dumps(generation_config or generation(specials), indent=2))
     (folder / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2))
+    if dit_stage:
+        write_dit(folder)
     return folder

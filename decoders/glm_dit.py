@@ -1,0 +1,251 @@
+"""GLM-Image's DiT stage (zai-org/GLM-Image): prior tokens and the prompt -> images, through diffusers.
+
+The release is a diffusers folder; besides the AR model (``vision_language_encoder/``, ``processor/``,
+:mod:`..loaders.glm_image`) it holds the decoder's parts: ``transformer/`` (``GlmImageTransformer2DModel``, the 7B
+DiT), ``vae/`` (``AutoencoderKL``), ``text_encoder/`` + ``tokenizer/`` (the ByT5 glyph encoder, ``T5EncoderModel``
+and ``ByT5Tokenizer``) and ``scheduler/`` (``FlowMatchEulerDiscreteScheduler``).  Each is loaded here by its own
+diffusers / transformers class from its folder, safetensors only (``use_safetensors=True``: a folder with pickled
+weights alone is refused, nothing is unpickled).
+
+**Decoding is diffusers' own** ``GlmImagePipeline.__call__`` (diffusers >= 0.37; read on 0.42.1), built from those
+parts with the AR slots (``vision_language_encoder``, ``processor``) empty: given ``prior_token_ids`` the pipeline
+never touches them (``generate_prior_tokens`` is skipped), so the AR model is not loaded a second time.  What it
+does with them, and so what :meth:`GlmDiT.decode` does:
+
+* the prior tokens: the large grid ``[B, H/32, W/32]`` upsampled 2x (nearest), flattened: ``[B, 4 H W / 1024]``
+  (:func:`upsample`, as ``generate_prior_tokens`` does), each a code of the DiT's ``prior_token_embedding``;
+* the prompt: only its quoted text reaches the DiT (``get_glyph_texts``: '...', "...", \u201c...\u201d,
+  \u300c...\u300d), encoded by the ByT5 encoder (an empty glyph list encodes ``""``); the rest of the prompt
+  conditioned the AR stage only;
+* ``guidance_scale`` > 1: classifier-free guidance against the empty glyph text with the prior tokens dropped
+  (``prior_token_drop``); the pipeline's default 1.5, ``num_inference_steps`` 50 (read from ``__call__``'s
+  signature: :func:`pipeline_defaults`);
+* the noise: ``randn`` of ``[B, C, H/8, W/8]`` from the one ``generator`` (here a CPU ``torch.Generator`` seeded
+  with ``seed``, so a seed gives the same noise on every device), the flow-matching Euler steps with the
+  resolution-dependent shift, the VAE decode with its ``latents_mean`` / ``latents_std``; ``output_type="pt"``:
+  images ``[B, 3, H, W]`` float32 in [0, 1].
+
+A NaN or infinity in an image is :class:`NonFiniteDiTError` (a ``NonFiniteImageError``), not a black picture.
+
+diffusers is an optional dependency of this family only (``pip install 'diffusers>=0.37'``, the pack's ``glm``
+extra); :func:`diffusers_classes` is the one place that imports it and names what to install.
+"""
+from __future__ import annotations
+
+import inspect
+import pathlib
+from typing import Callable, Sequence
+
+import torch
+
+from ..formats.checkpoints import CheckpointError, hf_call
+from ..sampling.checks import NonFiniteImageError
+from .blocks import decoder_bytes
+
+INSTALL = "pip install 'diffusers>=0.37'"
+#: the release's folders this decoder reads (model_index.json's component names)
+PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+#: the pipeline's defaults when its signature cannot be read (diffusers 0.37 - 0.42: 50 steps, guidance 1.5)
+FALLBACK_DEFAULTS = {"steps": 50, "guidance": 1.5}
+PIXELS_PER_PRIOR = 32  # pixels per large-grid token: 2x upsampling x VAE scale 8 x patch 2 in the release
+#: live [tokens, inner_dim] activations of one transformer block at a time (attention in and out, the MLP's 4x)
+DIT_LIVE_TENSORS = 12
+
+
+class NonFiniteDiTError(NonFiniteImageError):
+    """The DiT stage turned valid prior tokens into NaN or infinity."""
+
+    def __init__(self, sample: int):
+        self.step, self.sample, self.position = "decode", sample, None
+        ValueError.__init__(
+            self, f"GLM-Image's DiT stage output for image {sample} of the batch (after sampling) holds NaN or "
+                  "infinity, so there is no picture to save; float16 overflows like this: load the model in "
+                  "bfloat16 or float32")
+
+
+def diffusers_classes() -> dict:
+    """The classes the decoder is built of, or one :class:`CheckpointError` naming what to install (diffusers
+    missing or older than 0.37, transformers older than 5.0)."""
+    try:
+        import transformers
+
+        from transformers import ByT5Tokenizer, T5EncoderModel
+    except ImportError:  # pragma: no cover - transformers is a dependency of the pack
+        raise CheckpointError(f"GLM-Image's DiT stage needs transformers >= 5.0 and diffusers >= 0.37: "
+                              f"pip install 'transformers>=5.0' and {INSTALL}") from None
+    try:
+        from transformers import GlmImageConfig  # noqa: F401  (transformers >= 5.0)
+    except ImportError:
+        raise CheckpointError(f"GLM-Image's DiT stage needs transformers >= 5.0 (diffusers' GlmImagePipeline "
+                              f"imports its GLM-Image classes); this environment has transformers "
+                              f"{transformers.__version__}: pip install 'transformers>=5.0'") from None
+    try:
+        import diffusers
+        from diffusers import (AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImagePipeline,
+                               GlmImageTransformer2DModel)
+    except ImportError:
+        try:
+            import diffusers
+
+            have = f"diffusers {diffusers.__version__}, which has no GlmImagePipeline"
+        except ImportError:
+            have = "no diffusers"
+        raise CheckpointError(f"GLM-Image's decoder (its DiT stage, diffusers' GlmImagePipeline) needs diffusers "
+                              f">= 0.37; this environment has {have}: {INSTALL}") from None
+    return {"pipeline": GlmImagePipeline, "transformer": GlmImageTransformer2DModel, "vae": AutoencoderKL,
+            "text_encoder": T5EncoderModel, "tokenizer": ByT5Tokenizer,
+            "scheduler": FlowMatchEulerDiscreteScheduler, "version": diffusers.__version__}
+
+
+def pipeline_defaults(pipeline_class) -> dict:
+    """``{"steps", "guidance"}``: ``GlmImagePipeline.__call__``'s own defaults."""
+    try:
+        params = inspect.signature(pipeline_class.__call__).parameters
+        steps, guidance = params["num_inference_steps"].default, params["guidance_scale"].default
+    except (KeyError, TypeError, ValueError):
+        return dict(FALLBACK_DEFAULTS)
+    if not isinstance(steps, int) or not isinstance(guidance, (int, float)):
+        return dict(FALLBACK_DEFAULTS)
+    return {"steps": steps, "guidance": float(guidance)}
+
+
+def missing_parts(release: pathlib.Path) -> list[str]:
+    """The decoder's folders (:data:`PARTS`) ``release`` lacks."""
+    return [p for p in PARTS if not (pathlib.Path(release) / p).is_dir()]
+
+
+def upsample(prior: torch.Tensor) -> torch.Tensor:
+    """The large grid ``[B, H, W]`` -> the pipeline's ``prior_token_ids`` ``[B, 4 H W]`` (2x nearest, flattened:
+    ``GlmImagePipeline._upsample_token_ids`` per sample)."""
+    grid = prior.unsqueeze(1).float()
+    return torch.nn.functional.interpolate(grid, scale_factor=2, mode="nearest").long().flatten(1)
+
+
+class GlmDiT:
+    """The loaded DiT stage: :meth:`decode` turns the large grid of prior tokens and the prompts into images by
+    calling ``GlmImagePipeline`` (built once from the parts, the AR slots empty)."""
+
+    def __init__(self, parts: dict, classes: dict, source: str = ""):
+        self.parts, self.source = parts, source
+        pipe = classes["pipeline"](processor=None, vision_language_encoder=None, **parts)
+        pipe.set_progress_bar_config(disable=True)
+        self.pipeline = pipe
+        self.defaults = pipeline_defaults(classes["pipeline"])
+        self.version = classes["version"]
+        self.pixels_per_prior = 2 * pipe.vae_scale_factor * parts["transformer"].config.patch_size
+        self.codes = parts["transformer"].config.prior_vq_quantizer_codebook_size
+
+    @classmethod
+    def load(cls, release: str | pathlib.Path | None = None, device="cpu", dtype: torch.dtype = torch.float32,
+             **folders) -> "GlmDiT":
+        """The parts from ``release`` (its ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``,
+        ``scheduler/``) or from each part's own folder (``transformer=...`` and so on, which win over the
+        release's); modules in ``dtype`` on ``device``.  diffusers is checked first, before anything is read."""
+        classes = diffusers_classes()
+        unknown = set(folders) - set(PARTS)
+        if unknown:
+            raise TypeError(f"unknown parts {sorted(unknown)}; the parts are {list(PARTS)}")
+        where = {}
+        for part in PARTS:
+            given = folders.get(part)
+            path = pathlib.Path(given) if given is not None else None if release is None else \
+                pathlib.Path(release) / part
+            if path is None or not path.is_dir():
+                raise CheckpointError(f"GLM-Image's DiT stage: its {part} folder is missing "
+                                      f"({path if path is not None else 'no release folder given'}); the release "
+                                      f"has {', '.join(p + '/' for p in PARTS)}")
+            where[part] = path
+        modules = {"transformer": "GLM-Image's DiT (GlmImageTransformer2DModel)", "vae": "GLM-Image's VAE",
+                   "text_encoder": "GLM-Image's glyph encoder (T5EncoderModel)"}
+        parts = {}
+        for part, what in modules.items():
+            path = where[part]
+            files = [f for f in path.iterdir() if f.is_file()]
+            typed = {"dtype" if part == "text_encoder" else "torch_dtype": dtype}  # transformers 5 / diffusers
+            parts[part] = hf_call(lambda c=classes[part], p=path, t=typed: c.from_pretrained(
+                str(p), use_safetensors=True, local_files_only=True, **t), path, what, files)
+        parts["tokenizer"] = hf_call(lambda: classes["tokenizer"].from_pretrained(
+            str(where["tokenizer"]), local_files_only=True), where["tokenizer"], "GLM-Image's ByT5 tokenizer")
+        parts["scheduler"] = hf_call(lambda: classes["scheduler"].from_pretrained(
+            str(where["scheduler"]), local_files_only=True), where["scheduler"], "GLM-Image's scheduler")
+        for part in modules:
+            parts[part] = parts[part].to(device).eval()
+        dit = cls(parts, classes, str(release or where["transformer"]))
+        if dit.pixels_per_prior != PIXELS_PER_PRIOR:
+            raise CheckpointError(f"{where['transformer']}: GLM-Image's DiT makes {dit.pixels_per_prior} px per "
+                                  f"prior token (2 x VAE scale {dit.pipeline.vae_scale_factor} x patch size "
+                                  f"{parts['transformer'].config.patch_size}); the AR stage's prior tokens are "
+                                  f"{PIXELS_PER_PRIOR} px each")
+        return dit
+
+    @property
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"glm_image_dit": self.parts["transformer"], "glm_image_vae": self.parts["vae"],
+                "glm_image_glyph_encoder": self.parts["text_encoder"]}
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parts["transformer"].parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parts["transformer"].parameters()).dtype
+
+    def bytes_per_image(self, rows: int, cols: int, guidance: float | None = None) -> int:
+        """An estimate of one image's peak activations for a ``rows x cols`` large grid: the larger of the DiT's
+        (a block's live ``[tokens, width]`` tensors, twice under guidance) and the VAE decoder's."""
+        guidance = self.defaults["guidance"] if guidance is None else guidance
+        tr, vae = self.parts["transformer"].config, self.parts["vae"].config
+        tokens = rows * cols * 4  # the upsampled prior tokens, one per DiT patch
+        width = tr.num_attention_heads * tr.attention_head_dim
+        itemsize = self.dtype.itemsize
+        dit = (2 if guidance > 1 else 1) * DIT_LIVE_TENSORS * tokens * width * itemsize
+        pixels = rows * cols * self.pixels_per_prior ** 2
+        return max(dit, decoder_bytes(pixels, vae.block_out_channels[0], itemsize))
+
+    def check_prior(self, prior: torch.Tensor) -> None:
+        if not isinstance(prior, torch.Tensor) or prior.dim() != 3 or prior.is_floating_point():
+            raise ValueError("GLM-Image's DiT takes prior tokens as an integer tensor [B, H/32, W/32] (the large "
+                             f"grid), got {tuple(prior.shape) if isinstance(prior, torch.Tensor) else type(prior)}")
+        if prior.numel() and (int(prior.min()) < 0 or int(prior.max()) >= self.codes):
+            raise ValueError(f"GLM-Image's DiT has {self.codes} prior codes; the prior tokens hold ids from "
+                             f"{int(prior.min())} to {int(prior.max())}")
+
+    @torch.no_grad()
+    def decode(self, prior: torch.Tensor, prompts: Sequence[str], steps: int | None = None,
+               guidance: float | None = None, seed: int = 0,
+               progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """The large grid ``[B, H, W]`` of prior tokens and one prompt per image -> images ``[B, 3, 32 H, 32 W]``
+        float32 in [0, 1] on the CPU: ``GlmImagePipeline(prompt=prompts, prior_token_ids=upsample(prior),
+        height=32 H, width=32 W, num_inference_steps=steps, guidance_scale=guidance,
+        generator=torch.Generator().manual_seed(seed), output_type="pt")``.  ``progress(done, steps)`` after each
+        denoising step (it may raise to stop)."""
+        self.check_prior(prior)
+        prompts = list(prompts)
+        if len(prompts) != len(prior):
+            raise ValueError(f"GLM-Image's DiT needs one prompt per image: {len(prompts)} prompts for "
+                             f"{len(prior)} images")
+        if any(not isinstance(p, str) for p in prompts):
+            raise ValueError("GLM-Image's DiT takes text prompts")
+        steps = self.defaults["steps"] if steps is None else steps
+        guidance = self.defaults["guidance"] if guidance is None else guidance
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be an integer >= 1 (got {steps!r})")
+        if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not guidance >= 0:
+            raise ValueError(f"guidance must be a number >= 0 (got {guidance!r})")
+        rows, cols = prior.shape[1:]
+        callback = None
+        if progress is not None:
+            def callback(pipe, i, t, kwargs):
+                progress(i + 1, steps)
+                return {}
+        out = self.pipeline(prompt=prompts, prior_token_ids=upsample(prior).to(self.device),
+                            height=rows * self.pixels_per_prior, width=cols * self.pixels_per_prior,
+                            num_inference_steps=steps, guidance_scale=float(guidance),
+                            generator=torch.Generator().manual_seed(int(seed)), output_type="pt",
+                            callback_on_step_end=callback).images
+        images = out.float().cpu()
+        bad = ~torch.isfinite(images.flatten(1)).all(1)
+        if bool(bad.any()):
+            raise NonFiniteDiTError(int(bad.nonzero()[0]))
+        return images

@@ -1,0 +1,206 @@
+"""GLM-Image's DiT stage as the loaded model's decoder (``decoders/glm_dit.py``), on a tiny random release folder
+with the DiT's parts (``glm_image_files.write_dit``): the images equal diffusers' own ``GlmImagePipeline`` run
+directly on the same folder with the same ``prior_token_ids``, prompt, seed and steps (float32); the command line
+renders through it; what is missing (diffusers, the DiT's folders, the prompt) gets one clear error each."""
+import json
+import pathlib
+import shutil
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers", reason="GLM-Image's DiT stage needs diffusers (pip install 'diffusers>=0.37')")
+
+from spec_ar.formats.checkpoints import CheckpointError  # noqa: E402
+from spec_ar.loaders import glm_image  # noqa: E402
+from spec_ar.loaders.detect import load_model  # noqa: E402
+from spec_ar.sampling import DecodeConfig, SpeculativeDecoder  # noqa: E402
+from spec_ar.sampling.checks import NonFiniteImageError  # noqa: E402
+
+from .glm_image_files import CODES, END, write_glm_image  # noqa: E402
+
+WIDTH, HEIGHT = 96, 64  # a 2 x 3 large grid (64 x 96 px), a 13 x 19 preview
+PROMPTS = ["a poster with the word 'hello'", "a red fox in snow"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_glm_image(tmp_path_factory.mktemp("glm-dit") / "GLM-Image", dit_stage=True)
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return load_model(folder, width=WIDTH, height=HEIGHT)
+
+
+@pytest.fixture(scope="module")
+def pipeline(folder):
+    """diffusers' pipeline from the release folder itself, the AR slots left empty (prior tokens given)."""
+    from diffusers import GlmImagePipeline
+
+    pipe = GlmImagePipeline.from_pretrained(str(folder), vision_language_encoder=None, processor=None,
+                                            torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def streams(adapter, seed: int, batch: int = 2) -> torch.Tensor:
+    """Random whole streams ``[B, length]``: preview codes, large-grid codes, the image end."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, CODES, (batch, adapter.layout.length - 1), generator=g)
+    return torch.cat([codes, torch.full((batch, 1), END)], 1)
+
+
+def pipeline_images(pipeline, tokens, adapter, prompts, seed, steps, guidance=1.5):
+    return pipeline(prompt=list(prompts), prior_token_ids=glm_image.prior_token_ids(tokens, adapter),
+                    height=HEIGHT, width=WIDTH, num_inference_steps=steps, guidance_scale=guidance,
+                    generator=torch.Generator().manual_seed(seed), output_type="pt").images
+
+
+def test_the_release_with_its_dit_loads_a_decoder(model):
+    assert model.decode is not None and "no_decoder" not in model.info
+    assert model.info["dit_steps"] == 50 and model.info["dit_guidance"] == 1.5  # the pipeline's own defaults
+    assert {"glm_image_ar", "glm_image_dit", "glm_image_vae", "glm_image_glyph_encoder"} <= set(model.modules)
+    assert model.decode_bytes_per_image > 0 and model.decode.previews is False
+    assert model.name.startswith("GLM-Image (")
+
+
+@pytest.mark.parametrize("guidance", [1.5, 1.0])
+def test_images_equal_the_pipelines_own(model, pipeline, guidance):
+    """The sampler's image tokens of two streams, two prompts, seed 3, 2 steps: equal to the pipeline given the
+    same prior_token_ids (the stream's large grid upsampled, ``prior_token_ids``); the large grid alone decodes the
+    same; another seed, another prior grid or another quoted text changes the image (the control)."""
+    ad = model.adapter
+    tokens = streams(ad, 0)
+    decode = glm_image.PriorDecode(model.decode.dit, ad, steps=2, guidance=guidance, seed=3)
+    image_tokens = tokens[:, ad.layout.image_positions()].view(2, *ad.layout.grid)
+    ours = decode(image_tokens, prompts=PROMPTS)
+    ref = pipeline_images(pipeline, tokens, ad, PROMPTS, seed=3, steps=2, guidance=guidance)
+    assert ours.shape == (2, 3, HEIGHT, WIDTH) and ours.dtype == torch.float32
+    assert 0 <= float(ours.min()) and float(ours.max()) <= 1
+    assert torch.equal(ours, ref)
+    assert torch.equal(decode(ad.prior_tokens(tokens), prompts=PROMPTS), ours)
+    decode.seed = 4
+    assert not torch.allclose(decode(image_tokens, prompts=PROMPTS), ours, atol=1e-3)
+    decode.seed = 3
+    other = streams(ad, 1)
+    assert not torch.allclose(decode(other[:, ad.layout.image_positions()].view(2, *ad.layout.grid), prompts=PROMPTS),
+                              ours, atol=1e-3)
+    quoted = decode(image_tokens, prompts=["a poster with the word 'hullo'", PROMPTS[1]])
+    assert not torch.allclose(quoted[0], ours[0], atol=1e-3) and torch.equal(quoted[1], ours[1])  # the quotes only
+
+
+def test_sampled_then_decoded_for_the_prompt_sampled(folder, pipeline):
+    """``decode(result.image_tokens(layout))`` after sampling: the adapter's prompt, the decoder's seed and steps
+    (chunks of one image each decode as the pipeline does image by image)."""
+    model = load_model(folder, width=WIDTH, height=HEIGHT)
+    model.decode.steps, model.decode.seed = 2, 5
+    ad = model.adapter
+    res = SpeculativeDecoder(ad, DecodeConfig(mode="sjd", window=16)).generate([PROMPTS[0]] * 2, seeds=0)
+    steps = []
+    model.decode.progress = lambda done, total: steps.append((done, total))
+    images = model.decode_images(res.image_tokens(ad.layout))
+    ref = pipeline_images(pipeline, res.tokens, ad, [PROMPTS[0]] * 2, seed=5, steps=2)
+    assert torch.equal(images, ref) and steps == [(1, 2), (2, 2)]
+    one = torch.cat([model.decode(res.image_tokens(ad.layout)[i:i + 1]) for i in range(2)])
+    for i in range(2):
+        assert torch.equal(one[i], pipeline_images(pipeline, res.tokens[i:i + 1], ad, [PROMPTS[0]], 5, 2)[0])
+
+
+def test_the_prompt_is_known_or_the_decode_says_so(folder):
+    model = load_model(folder, width=WIDTH, height=HEIGHT)
+    ad = model.adapter
+    tokens = streams(ad, 0, batch=3)
+    grid = tokens[:, ad.layout.image_positions()].view(3, *ad.layout.grid)
+    with pytest.raises(ValueError, match="needs the prompt .*sample with this model first"):
+        model.decode(grid)
+    ad.condition_rows(["a cat", "a dog", "a cat"], None, False)  # what a prefill of three prompts records
+    model.decode.steps = 1
+    assert model.decode(grid).shape == (3, 3, HEIGHT, WIDTH)  # the whole batch: one prompt each
+    with pytest.raises(ValueError, match="made 3 images of 2 different prompts and this call decodes 1: which prompt is whose"):
+        model.decode(grid[:1])
+    with pytest.raises(ValueError, match="one prompt per image: 1 prompts for 3 images"):
+        model.decode(grid, prompts=["a cat"])
+    with pytest.raises(ValueError, match=r"takes the sampler's image tokens \[B, 1, 253\] or the large grid"):
+        model.decode(grid[:, :, :10])
+    with pytest.raises(ValueError, match="64 prior codes; the prior tokens hold ids from 0 to 64"):
+        model.decode(torch.full((1, 2, 3), CODES).index_fill_(2, torch.tensor([0]), 0), prompts=["a cat"])
+
+
+def test_the_command_line_renders_a_png_of_the_size(folder, tmp_path, capsys):
+    from PIL import Image
+
+    from spec_ar.cli import main
+
+    out = tmp_path / "out"
+    assert main(["render", "--model", str(folder), "--mode", "sjd", "--prompt", "a poster with the word 'hello'",
+                 "--width", str(WIDTH), "--height", str(HEIGHT), "--seed", "7", "--out", str(out)]) == 0
+    with Image.open(out / "sjd_7.png") as img:
+        assert img.size == (WIDTH, HEIGHT)
+    report = json.loads((out / "sjd_7.json").read_text())
+    assert report["family"] == "glm_image" and report["images"] == [str(out / "sjd_7.png")]
+
+
+def test_nan_images_are_an_error(folder):
+    model = load_model(folder, width=WIDTH, height=HEIGHT)
+    model.decode.steps = 1
+    ad = model.adapter
+    tokens = streams(ad, 0)
+    grid = tokens[:, ad.layout.image_positions()].view(2, *ad.layout.grid)
+    ad.condition_rows(["a cat"], None, False)
+    assert torch.isfinite(model.decode_images(grid)).all()
+    with torch.no_grad():
+        model.decode.dit.parts["transformer"].proj_out.bias.fill_(float("nan"))
+    with pytest.raises(NonFiniteImageError, match="DiT stage output for image 0 .*NaN or infinity"):
+        model.decode_images(grid)
+
+
+def test_without_diffusers_one_clear_error_before_any_weights(folder, monkeypatch):
+    for name in [m for m in sys.modules if m == "diffusers" or m.startswith("diffusers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # import diffusers: ImportError
+    monkeypatch.setattr(glm_image, "load_model", lambda *a, **k: pytest.fail("read the AR weights first"))
+    with pytest.raises(CheckpointError, match=r"needs diffusers >= 0.37; this environment has no diffusers: "
+                                              r"pip install 'diffusers>=0.37'"):
+        load_model(folder, width=WIDTH, height=HEIGHT)
+
+
+def test_a_release_without_the_dits_folders_has_no_decoder_and_says_which(folder, tmp_path, capsys):
+    from spec_ar.cli import main
+
+    partial = tmp_path / "partial"
+    shutil.copytree(folder, partial, symlinks=True)
+    shutil.rmtree(partial / "vae")
+    shutil.rmtree(partial / "scheduler")
+    model = load_model(partial, width=WIDTH, height=HEIGHT)
+    assert model.decode is None and "this folder has no vae/, scheduler/" in model.info["no_decoder"]
+    assert main(["render", "--model", str(partial), "--prompt", "a red fox", "--width", str(WIDTH),
+                 "--height", str(HEIGHT), "--out", str(tmp_path / "out")]) == 2
+    assert "no vae/, scheduler/" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_pickled_weights_are_refused(folder, tmp_path):
+    """A DiT part with a pickled file alone: safetensors only, nothing unpickled."""
+    bad = tmp_path / "pickled"
+    shutil.copytree(folder, bad, symlinks=True)
+    vae = bad / "vae"
+    (vae / "diffusion_pytorch_model.safetensors").unlink()
+    (vae / "diffusion_pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(CheckpointError, match=r"vae: cannot be loaded as GLM-Image's VAE"):
+        load_model(bad, width=WIDTH, height=HEIGHT)
+
+
+def test_the_decoders_parts_from_their_own_folders(folder, tmp_path):
+    from spec_ar.decoders import glm_dit
+
+    parts = {p: tmp_path / f"my-{p}" for p in glm_dit.PARTS}
+    for p, where in parts.items():
+        shutil.copytree(folder / p, where)
+    dit = glm_dit.GlmDiT.load(**parts)
+    ref = glm_dit.GlmDiT.load(folder)
+    prior = torch.randint(0, CODES, (1, 2, 3), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(dit.decode(prior, ["a cat"], steps=1), ref.decode(prior, ["a cat"], steps=1))
+    with pytest.raises(CheckpointError, match="its vae folder is missing"):
+        glm_dit.GlmDiT.load(transformer=parts["transformer"])
+    assert pathlib.Path(dit.source).name == "my-transformer"
