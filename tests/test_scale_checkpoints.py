@@ -122,6 +122,77 @@ def test_full_size_configurations():
     assert 7.88e9 < counts["lumina-mgpt-2.0"] < 7.89e9
     # Qwen2.5-1.5B's 1.31B parameters outside its embedding (as Qwen reports them) + 215672 tied embedding rows
     assert 1.64e9 < counts["simplear-1.5b"] < 1.645e9
+    assert 34.1e9 < counts["emu35-image"] < 34.11e9  # Emu3.5-Image: 34.1B, 68.2 GB in bfloat16
+
+
+def test_emu35_configuration_is_what_the_loader_reads(written):
+    """Emu3.5's full-size config.json is Qwen3-32B's shape to the pack's loader, with the authors' defaults where the
+    module says [E] (the loader's DEFAULTS are the authors' Emu3Config's); the written tokenizer files give the real
+    vocabulary (282926 ids, the grammar's ids where the authors' processor hard-codes them) and the vision
+    tokenizer the real codes and downsampling; 15 shards at full size."""
+    from transformers import Qwen3ForCausalLM
+
+    from spec_ar.bench.scale_checkpoints import emu35
+    from spec_ar.bench.scale_checkpoints.weight_files import shard
+    from spec_ar.decoders.ibq import IBQSpec
+    from spec_ar.loaders import emu35 as loader
+
+    cfg = sc.CONFIGS["emu35-image"]
+    settings = emu35.emu35_settings(cfg, 1.0, torch.bfloat16)
+    config = loader.qwen3_config(settings, "config.json")
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers, config.num_attention_heads,
+            config.num_key_value_heads, config.head_dim, config.vocab_size) == (5120, 25600, 64, 64, 8, 128, 282926)
+    assert config.rope_parameters["rope_theta"] == loader.DEFAULTS["rope_theta"] and not config.tie_word_embeddings
+    assert config.rms_norm_eps == 1e-6
+    specs = tensors.specs_of(tensors.meta_state(Qwen3ForCausalLM, config))
+    assert len(shard(specs, torch.bfloat16, cfg["shard_gb"]["original"] * 1e9)) == 15
+    spec = IBQSpec()  # decoders/ibq.py's defaults: the release's values as far as known
+    dd = cfg["vq"]["ddconfig"]
+    assert (cfg["vq"]["n_embed"], cfg["vq"]["embed_dim"], dd["z_channels"], dd["ch"], tuple(dd["ch_mult"]),
+            dd["num_res_blocks"], tuple(dd["attn_resolutions"])) == (
+        spec.n_embed, spec.embed_dim, spec.z_channels, spec.ch, spec.ch_mult, spec.num_res_blocks,
+        spec.attn_resolutions)
+    folder = written("emu35-image", "original").folder
+    written_settings = json.loads((folder / "config.json").read_text())
+    assert {k: written_settings[k] for k in ("vocab_size", "head_dim", "model_type", "bos_token_id", "eos_token_id",
+                                             "tie_word_embeddings")} == {
+        "vocab_size": 282926, "head_dim": 128, "model_type": "Emu3", "bos_token_id": 151849, "eos_token_id": 151850,
+        "tie_word_embeddings": False}
+    tokenizer = loader.load_tokenizer(folder)
+    assert len(tokenizer) == 282926 and len(tokenizer.codes) == 131072
+    assert {name: tokenizer.token_id(name) for name in cfg["ids"]} == cfg["ids"]
+    assert (tokenizer.ranks[b"!"], tokenizer.ranks[b"a"], tokenizer.ranks[b" "]) == (0, 64, 220)  # GPT-2's, as BAAI's
+    assert tokenizer.encode("a red") == [64, tokenizer.ranks[b" red"]]
+    vq = IBQSpec.from_yaml(folder / "Emu3.5-VisionTokenizer" / "config.yaml")
+    assert (vq.n_embed, vq.downsample) == (131072, 16)
+
+
+def test_layers_keep_the_widths(tmp_path, monkeypatch):
+    """``--layers N``: the language model N layers deep at its real widths (the headers say so; the vision tokenizer,
+    which --layers leaves as it is, not written here); refused outside 1..the real depth and with --scale."""
+    from spec_ar.bench.scale_checkpoints import emu35
+
+    monkeypatch.setattr(emu35, "write_ibq", lambda *a: None)
+    result = sc.write("emu35", tmp_path / "model", layers=2, holes=True, log=lambda *a: None)
+    shapes = {k: v for f in result.expected for k, v in header_shapes(f).items()}
+    assert {int(k.split(".")[2]) for k in shapes if k.startswith("model.layers.")} == {0, 1}
+    assert shapes["model.layers.1.self_attn.q_proj.weight"] == (8192, 5120)
+    assert shapes["model.layers.1.mlp.down_proj.weight"] == (5120, 25600)
+    assert shapes["lm_head.weight"] == (282926, 5120)
+    per_layer = sc.planned_parameters("emu35", layers=2) - sc.planned_parameters("emu35", layers=1)
+    assert result.parameters == sc.planned_parameters("emu35", layers=2)
+    assert sc.planned_parameters("emu35") == result.parameters + 62 * per_layer
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["num_hidden_layers"] == 2
+    assert result.summary()["layers"] == 2
+    for bad in (0, 65):
+        with pytest.raises(ValueError, match="--layers must be .* from 1 to 64"):
+            sc.write("emu35", tmp_path / "bad", layers=bad)
+    with pytest.raises(ValueError, match="--scale"):
+        sc.write("emu35", tmp_path / "bad", layers=2, scale=0.5)
+    out = subprocess.run([sys.executable, "-m", "spec_ar.bench.scale_checkpoints", "--family", "liquid",
+                          "--out", str(tmp_path / "cli"), "--layers", "29"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--layers must be a whole number of layers from 1 to 28" in out.stderr
+    assert not (tmp_path / "cli").exists()
 
 
 def test_torch_writer_is_torch_save(tmp_path):

@@ -56,6 +56,22 @@ def test_quantized_layers_replace_the_block_linears_only(name):
     assert storage.stored_bytes(gpt) < 0.75 * full
 
 
+def test_nf4_leaves_layers_of_partial_row_blocks_unquantized():
+    """bitsandbytes' CPU kernel packs 32 output rows at a time (and asserts it at the first forward, on CPUs with
+    AVX512-BF16): a layer of 80 rows stays in the compute dtype, one of 96 is quantized, and the forward runs."""
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([torch.nn.ModuleDict({"odd": torch.nn.Linear(64, 80, bias=False),
+                                                             "even": torch.nn.Linear(64, 96, bias=False)})])
+    assert not storage.quantizes("layers.0.odd.weight", (80, 64), storage.STORAGES["nf4"])
+    predicted = storage.weight_bytes(model, "nf4")
+    storage.place(model, "nf4", "cpu")
+    block = model.layers[0]
+    assert type(block["odd"]) is torch.nn.Linear and type(block["even"]) is not torch.nn.Linear
+    assert storage.stored_bytes(model) == pytest.approx(predicted, rel=0.01)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    assert block["odd"](x).shape == (3, 80) and block["even"](x).shape == (3, 96)
+
+
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_speculative_decoding_samples_the_quantized_models_own_distribution(name):
     adapter = tiny_adapter(name)

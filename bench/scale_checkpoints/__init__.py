@@ -1,15 +1,16 @@
-"""Random-weight checkpoints with the real 7B / 8B configurations, in each family's release layout.
+"""Random-weight checkpoints with the real 7B / 8B / 34B configurations, in each family's release layout.
 
     python -m spec_ar.bench.scale_checkpoints --family janus-pro-7b --out DIR [--layout converted|original]
-        [--dtype bfloat16] [--scale 1.0] [--seed 0] [--shard-gb 5] [--check]
+        [--dtype bfloat16] [--scale 1.0 | --layers N] [--seed 0] [--shard-gb 5] [--check]
 
 A module per family holds its configuration (gathered in :data:`CONFIGS`), the sources of its values, its
 layouts (``--layout``, the first one the default: the layout the main release ships) and its writer: janus.py
 (``janus-pro-7b``), chameleon.py (``lumina-mgpt-7b-768``, ``anole-7b``), emu3.py (``emu3-gen``), lumina2.py
-(``lumina-mgpt-2.0``), liquid.py (``liquid-7b``), simplear.py (``simplear-1.5b``); llamagen.py gives LlamaGen's
-shapes.  Beside them, what they share: tensors.py (what a file holds, and its values), weight_files.py (the
-safetensors, torch archive and sharded writers), json_files.py, bpe.py (tokenizers), vqgan.py (Meta's VQGAN),
-scaling.py and stats.py; check.py reads a folder back; __main__.py is the command line.
+(``lumina-mgpt-2.0``), liquid.py (``liquid-7b``), simplear.py (``simplear-1.5b``), emu35.py (``emu35-image``, 34B);
+llamagen.py gives LlamaGen's shapes.  Beside them, what they share: tensors.py (what a file holds, and its
+values), weight_files.py (the safetensors, torch archive and sharded writers), json_files.py, bpe.py
+(tokenizers), vqgan.py (Meta's VQGAN), scaling.py and stats.py; check.py reads a folder back; __main__.py is the
+command line.
 
 Tensor names and shapes come from the transformers model built on the meta device from the configuration
 (:data:`CONFIGS`), mapped to the original names where a layout needs them; nothing is allocated for them.
@@ -26,7 +27,9 @@ a family load to the same model.
 Tokenizers are built offline (byte-level BPE over the 256 byte symbols and a few merges, unreachable filler
 entries up to the real vocabulary size) with the special tokens at their real ids where known (see
 :data:`CONFIGS`).  ``--scale s`` shrinks widths (whole heads of the real head size) and depths by ``s`` (at
-least one of each), keeping vocabularies, codebooks, downsampling and image grids; ``--check`` reads back
+least one of each), keeping vocabularies, codebooks, downsampling and image grids; ``--layers N`` keeps every
+width and gives the language model N of its layers (a model too big for the machine measured at a fraction of its
+depth: what it holds and costs is the rest plus N times a layer); ``--check`` reads back
 only the headers and indexes (no weights) and checks them against the loaders' key mappings.
 """
 from __future__ import annotations
@@ -36,9 +39,10 @@ import time
 
 import torch
 
-from . import chameleon, emu3, janus, liquid, lumina2, simplear
+from . import chameleon, emu3, emu35, janus, liquid, lumina2, simplear
 from .chameleon import chameleon_config, chameleon_vocabulary
 from .emu3 import emu3_config, emu3_vocabulary
+from .emu35 import emu35_model_config, emu35_settings
 from .janus import janus_config
 from .liquid import liquid_config
 from .lumina2 import lumina2_config
@@ -57,14 +61,15 @@ from .weight_files import HOLES
 #  [R]  the release's own config.json as published -- recalled, not re-read offline.
 #  [D]  derived, not read anywhere: ids the references do not fix.
 #  [M]  Lumina-mGPT 2.0's code; [A] assumed: what no published file here fixes (both in lumina2.py).
-#  [S]  SimpleAR's code (simplear.py).
-FAMILIES = (janus, chameleon, emu3, lumina2, liquid, simplear)
+#  [S]  SimpleAR's code (simplear.py); [E] Emu3.5's (emu35.py).
+FAMILIES = (janus, chameleon, emu3, lumina2, liquid, simplear, emu35)
 CONFIGS = {name: cfg for module in FAMILIES for name, cfg in module.CONFIGS.items()}
 ALIASES = {"janus": "janus-pro-7b", "janus-pro": "janus-pro-7b", "lumina": "lumina-mgpt-7b-768",
            "lumina-mgpt": "lumina-mgpt-7b-768", "anole": "anole-7b", "emu3": "emu3-gen", "emu3-gen-8b": "emu3-gen",
-           "liquid": "liquid-7b", "lumina2": "lumina-mgpt-2.0", "simplear": "simplear-1.5b"}
+           "liquid": "liquid-7b", "lumina2": "lumina-mgpt-2.0", "simplear": "simplear-1.5b", "emu35": "emu35-image",
+           "emu3.5": "emu35-image"}
 FAMILY_OF = {"janus-pro-7b": "janus", "lumina-mgpt-7b-768": "lumina", "anole-7b": "anole", "emu3-gen": "emu3",
-             "liquid-7b": "liquid", "lumina-mgpt-2.0": "lumina2", "simplear-1.5b": "simplear"}
+             "liquid-7b": "liquid", "lumina-mgpt-2.0": "lumina2", "simplear-1.5b": "simplear", "emu35-image": "emu35"}
 #: each family's writer: (family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log)
 WRITERS = {name: module.write_release for module in FAMILIES for name in module.CONFIGS}
 
@@ -77,11 +82,13 @@ def resolve(family: str) -> str:
 
 
 def write(family: str, out, layout: str | None = None, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0,
-          seed: int = 0, shard_gb: float | None = None, log=print, holes: bool = False) -> Written:
+          seed: int = 0, shard_gb: float | None = None, log=print, holes: bool = False,
+          layers: int | None = None) -> Written:
     """Write ``family`` in ``layout`` into the folder ``out`` (created; must be empty or new).  ``holes``: the
     safetensors weights as headers over sparse holes (every value zero, no disk space, written at once): for
     what needs the files' layout and sizes but not their values, or redraws the values after loading
-    (``spec-ar bench gpu``); torch pickles are written in full."""
+    (``spec-ar bench gpu``); torch pickles are written in full.  ``layers``: the language model's depth, every
+    width the real one (not with ``scale``, which shrinks both)."""
     family = resolve(family)
     cfg = CONFIGS[family]
     layout = layout or cfg["layouts"][0]
@@ -89,13 +96,15 @@ def write(family: str, out, layout: str | None = None, dtype: torch.dtype = torc
         raise ValueError(f"{family} has the layouts {', '.join(cfg['layouts'])} (not {layout!r})")
     if not 0 < scale <= 1:
         raise ValueError(f"--scale must be in (0, 1] (got {scale})")
+    if layers is not None:
+        cfg = with_layers(family, cfg, layers, scale)
     out = pathlib.Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out}: not empty")
     out.mkdir(parents=True, exist_ok=True)
     default_gb = cfg["shard_gb"].get(layout)
     max_bytes = None if default_gb is None and shard_gb is None else (shard_gb or default_gb) * 1e9
-    result = Written(family, layout, out, scale, dtype)
+    result = Written(family, layout, out, scale, dtype, layers=layers)
     stats = Stats()
     start = time.perf_counter()
     fn = WRITERS[family]
@@ -108,6 +117,16 @@ def write(family: str, out, layout: str | None = None, dtype: torch.dtype = torc
     result.bytes, result.files = stats.bytes, [str(p) for p in stats.files]
     result.peak_rss = peak_rss()
     return result
+
+
+def with_layers(family: str, cfg: dict, layers: int, scale: float = 1.0) -> dict:
+    """``cfg`` with its language model ``layers`` deep (the writers read the depth from ``cfg["text"]``)."""
+    real = cfg["text"]["num_hidden_layers"]
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= real:
+        raise ValueError(f"--layers must be a whole number of layers from 1 to {real} for {family} (got {layers!r})")
+    if scale != 1:
+        raise ValueError(f"--layers keeps the real widths and --scale {scale} shrinks them: give one of the two")
+    return {**cfg, "text": {**cfg["text"], "num_hidden_layers": layers}}
 
 
 #: families whose release is a plain transformers causal LM with its output layer tied to the embedding
@@ -128,14 +147,16 @@ def tied_causal_lm_state(family: str, config) -> dict:
     return state
 
 
-def planned_parameters(family: str, scale: float = 1.0) -> int:
-    """Parameters of the family's transformers model (converted layout) at ``scale``, from the meta device:
-    nothing is allocated or written."""
+def planned_parameters(family: str, scale: float = 1.0, layers: int | None = None) -> int:
+    """Parameters of the family's transformers model (converted layout) at ``scale`` or ``layers`` deep, from the
+    meta device: nothing is allocated or written (an image tokenizer outside the model's weights not counted)."""
     from transformers import (ChameleonForConditionalGeneration, Emu3ForConditionalGeneration,
                               JanusForConditionalGeneration)
 
     family = resolve(family)
     cfg = CONFIGS[family]
+    if layers is not None:
+        cfg = with_layers(family, cfg, layers, scale)
     if family == "janus-pro-7b":
         state = meta_state(JanusForConditionalGeneration, janus_config(cfg, scale, {}))
     elif family == "emu3-gen":
@@ -144,6 +165,10 @@ def planned_parameters(family: str, scale: float = 1.0) -> int:
     elif family in TIED_CAUSAL_LMS:
         state = tied_causal_lm_state(family, {"liquid-7b": liquid_config, "simplear-1.5b": simplear_config}[family](
             cfg, scale))
+    elif family == "emu35-image":
+        from transformers import Qwen3ForCausalLM
+
+        state = meta_state(Qwen3ForCausalLM, emu35_model_config(emu35_settings(cfg, scale, torch.bfloat16)))
     elif family == "lumina-mgpt-2.0":
         from transformers import ChameleonConfig
 

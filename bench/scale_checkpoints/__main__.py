@@ -1,7 +1,7 @@
-"""Random-weight checkpoints with the real 7B / 8B configurations, in each family's release layout.
+"""Random-weight checkpoints with the real 7B / 8B / 34B configurations, in each family's release layout.
 
     python -m spec_ar.bench.scale_checkpoints --family janus-pro-7b --out DIR [--layout converted|original]
-        [--dtype bfloat16] [--scale 1.0] [--seed 0] [--shard-gb 5] [--check]
+        [--dtype bfloat16] [--scale 1.0 | --layers N] [--seed 0] [--shard-gb 5] [--check]
 
 Prints the bytes written, the time and the writer's peak resident memory (:func:`.stats.peak_rss`).
 """
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from . import CONFIGS, resolve, write
+from . import CONFIGS, resolve, with_layers, write
 from .check import check
 from .scaling import meta_ffn
 
@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layout", choices=["converted", "original"], help="default: the family's release layout")
     ap.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     ap.add_argument("--scale", type=float, default=1.0, help="widths and depths times this (0 < s <= 1)")
+    ap.add_argument("--layers", type=int, help="the language model's depth, every width the real one (the full "
+                    "shape at a fraction of its layers; not with --scale)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-gb", type=float, default=None,
                     help="largest weight shard in GB (default: the release's, 5 or 10; Meta's layout: one file)")
@@ -52,11 +54,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         family = resolve(args.family)
+        if args.layers is not None:
+            with_layers(family, CONFIGS[family], args.layers, args.scale)  # refused before anything is written
     except ValueError as err:
         ap.error(str(err))
     result = write(family, args.out, args.layout, DTYPES[args.dtype], args.scale, args.seed, args.shard_gb,
-                   holes=args.holes)
-    print(f"wrote {result.family} ({result.layout} layout, scale {result.scale}) to {result.folder}: "
+                   holes=args.holes, layers=args.layers)
+    depth = f", {result.layers} layers" if result.layers is not None else ""
+    print(f"wrote {result.family} ({result.layout} layout, scale {result.scale}{depth}) to {result.folder}: "
           f"{result.bytes / 1e9:.3f} GB in {len(result.files)} files, {result.parameters / 1e9:.3f} B parameters; "
           f"{result.seconds:.1f} s ({result.weight_seconds:.1f} s weights, "
           f"{result.bytes / 1e6 / max(result.seconds, 1e-9):.0f} MB/s); writer peak RSS "

@@ -136,6 +136,13 @@ def _expected_model_shapes(folder: pathlib.Path, family: str, layout: str, shape
     elif family in TIED_CAUSAL_LMS:
         mapped = shapes
         want = tied_causal_lm_state(family, folder)
+    elif family == "emu35-image":
+        from transformers import Qwen3ForCausalLM
+
+        from ...loaders.emu35 import qwen3_config
+
+        mapped = shapes
+        want = meta_state(Qwen3ForCausalLM, qwen3_config(read_json(folder / "config.json"), folder / "config.json"))
     else:
         from transformers import Emu3Config, Emu3ForConditionalGeneration
 

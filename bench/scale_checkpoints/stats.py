@@ -56,10 +56,12 @@ class Written:
     tensors: int = 0
     parameters: int = 0
     expected: dict = field(default_factory=dict)  # weight file -> {name: shape}
+    layers: int | None = None  # --layers: the language model's depth, widths real
 
     def summary(self) -> dict:
         return {"family": self.family, "layout": self.layout, "folder": str(self.folder), "scale": self.scale,
-                "dtype": str(self.dtype).replace("torch.", ""), "files": len(self.files), "bytes": self.bytes,
+                "layers": self.layers, "dtype": str(self.dtype).replace("torch.", ""), "files": len(self.files),
+                "bytes": self.bytes,
                 "tensors": self.tensors, "parameters": self.parameters, "seconds": round(self.seconds, 2),
                 "weight_seconds": round(self.weight_seconds, 2), "peak_rss_bytes": self.peak_rss,
                 "rss_before_weights_bytes": self.rss_before_weights}
