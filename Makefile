@@ -10,13 +10,14 @@ STAMP := $(VENV)/.installed
 # carries it unmodified) in its own environment with PyPI's torch and torchvision,
 # and the web page test its frontend package (the version ComfyUI 0.3.75 pins) and
 # the newest one (FRONTEND_NEWEST, tests/web_page.py FRONTENDS), beside it in a folder.
+# diffusers: GLM-Image's DiT stage (its workflow and node).
 COMFY := .comfyui
 COMFY_PY := $(COMFY)/venv/bin/python
 FRONTEND_PINNED := 1.32.9
 FRONTEND_NEWEST := 1.58.1
 COMFY_REQS := torch torchvision torchsde "numpy>=1.25" einops "transformers>=4.52.1" sentencepiece \
 	"safetensors>=0.4.2" "aiohttp>=3.11.8" "yarl>=1.18" pyyaml Pillow scipy tqdm psutil alembic SQLAlchemy \
-	"av>=14.2" "pydantic~=2.0" "pydantic-settings~=2.0" requests kornia
+	"av>=14.2" "pydantic~=2.0" "pydantic-settings~=2.0" requests kornia "diffusers>=0.37"
 
 .PHONY: demo test bench comfyui clean
 

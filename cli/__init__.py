@@ -8,7 +8,7 @@ import json
 import sys
 
 from ..output_folders import writable_folder, write_all
-from .options import decoding_options, dtype_help, literal, png_bytes
+from .options import decoding_options, dit_options, dtype_help, literal, png_bytes
 
 
 def _demo(args) -> int:
@@ -54,6 +54,9 @@ def _render(args) -> int:
         raise ConfigError(f"--batch must be an integer >= 1 (got {args.batch})")
     if args.prompt is not None and args.class_id is not None:
         raise ConfigError("give --prompt (text-conditional models) or --class-id (class-conditional ones), not both")
+    dit = _dit_settings(args)
+    if dit:
+        _check_dit_family(args.model, next(iter(dit)))
     out = writable_folder(args.out, "--out")
     device = resolve_device(args.device)
     config = DecodeConfig(mode=args.mode, **settings).validate(surface="cli")
@@ -78,6 +81,9 @@ def _render(args) -> int:
     if model.decode is None:
         raise ConfigError(model.info.get("no_decoder")
                           or f"{model.name} needs its VQ decoder to make images: give --vq")
+    for name, value in dit.items():  # GLM-Image's DiT stage (checked above: the model has one)
+        setattr(model.decode, name, value)
+        model.info[f"dit_{name}"] = value
     drafter = (load_drafter(args.drafter, model, args.text_encoder, device, dtype) if args.drafter else None)
     decoder = SpeculativeDecoder(model.adapter, config, drafter=drafter, surface="cli")
     negatives = [args.negative_prompt] * args.batch if args.negative_prompt else None
@@ -94,6 +100,41 @@ def _render(args) -> int:
     print(result.reports[0].summary())
     print(f"wrote {', '.join(report['images'])} and {out / f'{args.mode}_{args.seed}.json'}")
     return 0
+
+
+def _dit_settings(args) -> dict:
+    """``--dit-steps`` / ``--dit-guidance`` / ``--dit-seed`` given, checked: ``{name: value}``."""
+    from ..decoders.glm_dit import SETTINGS
+    from ..sampling import ConfigError
+
+    out = {}
+    for s in SETTINGS.values():
+        text = getattr(args, f"dit_{s.name}")
+        if text is not None:
+            try:
+                out[s.name] = s.parse(text)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+    return out
+
+
+def _check_dit_family(model: str, first: str) -> None:
+    """The DiT settings are GLM-Image's: refused, naming ``--dit-<first>``, for any model without its DiT stage
+    (read from the folder's contents, before any weights)."""
+    from ..decoders import glm_dit
+    from ..loaders import glm_image
+    from ..loaders.detect import detect
+    from ..sampling import ConfigError
+
+    option = glm_dit.SETTINGS[first].option
+    hit = detect(model)
+    if hit.family != glm_image.FAMILY_NAME:
+        raise ConfigError(f"{option} is a setting of GLM-Image's DiT stage; {model} (family {hit.family}) has "
+                          f"none: leave {option} out")
+    missing = glm_dit.missing_parts(hit.path.parent)
+    if missing:
+        raise ConfigError(f"{option} is a setting of GLM-Image's DiT stage; {model} has none "
+                          f"({glm_image.no_decoder(missing)}): leave {option} out")
 
 
 def _download(args) -> int:
@@ -260,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--decode-path", choices=DECODE_PATHS, default="auto", help=literal(PATH_HELP))
     render.add_argument("--out", default="out/render", help="output folder (default: out/render)")
     decoding_options(render)
+    dit_options(render)
     render.set_defaults(run=_render)
     return ap
 

@@ -21,6 +21,17 @@ def decoding_options(ap: argparse.ArgumentParser):
                            help=literal(f"{k.help} ({'' if k.choices else k.range_text() + '; '}default {shown})"))
 
 
+def dit_options(ap: argparse.ArgumentParser):
+    """``--dit-steps``, ``--dit-guidance``, ``--dit-seed``: GLM-Image's DiT stage, from its settings table
+    (``decoders/glm_dit.py``), read as text and checked there, so errors name the option."""
+    from ..decoders.glm_dit import SETTINGS
+
+    group = ap.add_argument_group("GLM-Image's DiT stage (its decoder; refused for any other model)")
+    for s in SETTINGS.values():
+        group.add_argument(s.option, dest=f"dit_{s.name}", default=None, metavar=s.name.upper(),
+                           help=literal(f"{s.help} ({s.range_text()}; default {s.default:g})"))
+
+
 def literal(text: str) -> str:
     """Help text as argparse prints it verbatim: it expands ``%`` in option help
     (``%(default)s``), so a knob help saying "11 % more" must double its ``%``."""

@@ -33,7 +33,9 @@ extra); :func:`diffusers_classes` is the one place that imports it and names wha
 from __future__ import annotations
 
 import inspect
+import math
 import pathlib
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -50,6 +52,60 @@ FALLBACK_DEFAULTS = {"steps": 50, "guidance": 1.5}
 PIXELS_PER_PRIOR = 32  # pixels per large-grid token: 2x upsampling x VAE scale 8 x patch 2 in the release
 #: live [tokens, inner_dim] activations of one transformer block at a time (attention in and out, the MLP's 4x)
 DIT_LIVE_TENSORS = 12
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One of the DiT stage's settings, declared once for the command line (``option``) and the GLM-Image DiT
+    Decode node (``name``, its widget): an attribute of :class:`~..loaders.glm_image.PriorDecode` too."""
+
+    name: str  # PriorDecode's attribute, the node's widget
+    kind: str  # "int" or "float"
+    lo: float
+    hi: float  # the node widget's cap (the command line checks lo only: any finite value above it is allowed)
+    step: float
+    default: float
+    help: str
+
+    @property
+    def option(self) -> str:
+        return f"--dit-{self.name}"
+
+    def range_text(self) -> str:
+        return f">= {self.lo:g}"
+
+    def check(self, value, shown: str | None = None):
+        """``value`` if allowed, else a ``ValueError`` naming ``shown`` (the option or widget; default the
+        option)."""
+        shown = shown or self.option
+        integer = self.kind == "int"
+        ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+        if not ok or not math.isfinite(value) or not value >= self.lo:
+            kind = "an integer" if integer else "a finite number"
+            raise ValueError(f"{shown} must be {kind} {self.range_text()} (got {value!r})")
+        return int(value) if integer else float(value)
+
+    def parse(self, text: str, shown: str | None = None):
+        """The value of a command-line string, checked."""
+        try:
+            value = int(text) if self.kind == "int" else float(text)
+        except (TypeError, ValueError):
+            kind = "an integer" if self.kind == "int" else "a finite number"
+            raise ValueError(f"{shown or self.option} must be {kind} {self.range_text()} (got {text!r})") from None
+        return self.check(value, shown)
+
+
+#: the DiT stage's settings (defaults: the pipeline's own, :data:`FALLBACK_DEFAULTS`; a seed of its own, 0)
+SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("steps", "int", 1, 1000, 1, FALLBACK_DEFAULTS["steps"],
+            "GLM-Image's DiT stage: denoising steps (flow-matching Euler); fewer is faster and coarser"),
+    Setting("guidance", "float", 0, 100, 0.1, FALLBACK_DEFAULTS["guidance"],
+            "GLM-Image's DiT stage: classifier-free guidance scale against the empty glyph text with the prior "
+            "tokens dropped; 1 or less turns guidance off (one DiT pass per step)"),
+    Setting("seed", "int", 0, 2**63 - 1, 1, 0,
+            "GLM-Image's DiT stage: seed of its noise, one generator for the whole batch (its own seed, not "
+            "the AR stage's)"),
+)}
 
 
 class NonFiniteDiTError(NonFiniteImageError):

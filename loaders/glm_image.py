@@ -365,8 +365,9 @@ class PriorDecode:
     tokens are the layout's (``[B, 1, n]``: preview and large grid) or the large grid ``[B, H/32, W/32]``.
     ``steps``, ``guidance``, ``seed`` and ``progress`` (``progress(done, steps)``) are settable."""
 
-    #: a partial stream is no picture for the DiT, and each call runs all its steps: no previews while sampling
-    previews = False
+    #: the node that runs it in ComfyUI: the sampler leaves the DiT to it (it has the steps, guidance and seed; a
+    #: partial stream is no picture for the DiT, and the sampler decoding too would run the 7B DiT twice)
+    stage = "GLM-Image DiT Decode"
 
     def __init__(self, dit: "glm_dit.GlmDiT", adapter: GlmImageAdapter, steps: int | None = None,
                  guidance: float | None = None, seed: int = 0, progress=None):

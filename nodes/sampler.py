@@ -21,6 +21,8 @@ class TokenGrid:
 
     tokens: object  # int64 [B, rows, cols]
     model_name: str
+    prompt: str | None = None  # the condition sampled for (GLM-Image DiT Decode conditions its DiT on it)
+    size: tuple | None = None  # (width, height) of the images sampled for, where the family says
 
 
 def _widget(w: dict):
@@ -115,7 +117,8 @@ class SpeculativeARSampler(io.ComfyNode):
                                 "green accepted draft, red resampled, amber committed by a VVS skip, grey forced, "
                                 "purple drawn in a lower row (row-parallel, unverified)."),
                 Report.Output(display_name="report_data", tooltip="For the report table and plot nodes."),
-                Tokens.Output(display_name="tokens", tooltip="Image tokens, for VQ Decode."),
+                Tokens.Output(display_name="tokens", tooltip="Image tokens, for VQ Decode (GLM-Image: for "
+                                                                             "GLM-Image DiT Decode)."),
             ],
         )
 
@@ -156,6 +159,9 @@ class SpeculativeARSampler(io.ComfyNode):
         conditions = [condition] * batch_size
         loaded.adapter.check_conditions(conditions, negatives)
         decode = vq.decode if vq is not None else loaded.decode
+        stage = getattr(decode, "stage", None)  # a decoder with a node of its own (GLM-Image's DiT) runs there
+        if stage:
+            decode = None
         if drafter is not None and not config.drafts:
             raise ValueError(f"drafter: a draft model drafts for the speculative modes, not mode {mode!r}; "
                              "disconnect it or choose another mode")
@@ -176,7 +182,7 @@ class SpeculativeARSampler(io.ComfyNode):
             mm.throw_exception_if_processing_interrupted()
             done = min(event.committed)
             preview = None
-            if decode is not None and getattr(decode, "previews", True) and throttle.due() and done < layout.length:
+            if decode is not None and throttle.due() and done < layout.length:
                 t = time.perf_counter()
                 preview = ("JPEG", common.partial_preview(decode, event.tokens, done, layout), 512)
                 throttle.record(time.perf_counter() - t)
@@ -190,6 +196,8 @@ class SpeculativeARSampler(io.ComfyNode):
                       if decode is not None else code_grid_image(tokens))
         finally:
             name, warnings, decoded = loaded.name, list(loaded.warnings), decode is not None
+            size = (loaded.info["width"], loaded.info["height"]) if loaded.info.get("width") and \
+                loaded.info.get("height") else None
             why = loaded.info.get("no_decoder")
             if unload_after_run:  # nothing here may keep the weights alive
                 decoder = decode = loaded = None
@@ -202,12 +210,15 @@ class SpeculativeARSampler(io.ComfyNode):
         text = "\n".join(r.summary() for r in reports[:1])
         text += (f"\npreviews: {throttle.count} in {throttle.spent * 1000:.0f} ms "
                  f"({throttle.spent / max(first.latency_s, 1e-9):.1%} of sampling)")
-        if not decoded:
+        if stage:
+            text += f"\n(the image shows the token grid: connect the tokens output to {stage} for the picture)"
+        elif not decoded:
             text += (f"\n({why}; the image shows the token grid)" if why else
                      "\n(no VQ decoder: the image shows the token grid; connect a decoder or VQ Decode)")
         text += "".join(f"\nwarning: {w}" for w in warnings)
         return io.NodeOutput(images, text, first.nfe, first.latency_s, first.tokens_per_forward,
-                             common.accept_map_images(reports, layout), rows, TokenGrid(tokens.cpu(), name),
+                             common.accept_map_images(reports, layout), rows,
+                             TokenGrid(tokens.cpu(), name, str(condition), size),
                              ui=common.report_ui(reports))
 
 

@@ -16,6 +16,7 @@ from . import checkpoints as ck
 from .chameleon_files import write_chameleon, write_lumina
 from .emu3_files import write_emu3
 from .emu35_files import write_emu35, write_vision_tokenizer
+from .glm_image_files import write_glm_image
 from .liquid_files import write_liquid
 from .lumina2_files import write_lumina2
 from .simplear_files import write_simplear
@@ -26,6 +27,7 @@ from .comfyui_server import ComfyServer, error_of, locate, ui_to_api
 
 WORKFLOWS = pathlib.Path(__file__).resolve().parent.parent / "workflows"
 NODES = ["SpecAR_LoadModel", "SpecAR_LoadVQ", "SpecAR_LoadDrafter", "SpecAR_Sampler", "SpecAR_VQDecode",
+         "SpecAR_GlmDiTDecode",
          "SpecAR_PromptList", "SpecAR_ReportTable", "SpecAR_ReportPlot"]
 
 pytestmark = pytest.mark.skipif(isinstance(locate(), str), reason=str(locate()))
@@ -50,6 +52,7 @@ def _family_weights(models: pathlib.Path) -> None:
     write_simplear(models / "SimpleAR-1.5B-RL")  # the Cosmos tokenizer's folder beside it, where its script reads it
     emu35 = write_emu35(models / "Emu3.5-Image", tokenizer="inside", vision=False)  # as the download lays it out
     write_vision_tokenizer(emu35 / "Emu3.5-VisionTokenizer")
+    write_glm_image(models / "GLM-Image", dit_stage=True)  # the release whole: AR stage and DiT stage
     # LANTERN's drafters as released, for the drafter workflows, and the target stage I pairs with
     ck.write_gpt(models / "llamagen" / "t2i_XL_stage1_256.pt", ck.random_gpt(ck.tiny_gpt_spec("t2i", cond_tokens=120)))
     ck.write_lantern_head(models / "lantern" / "llamagen_drafter", hidden=128, heads=2, vocab=1024)
@@ -299,14 +302,15 @@ def test_the_embedded_model_drafts_with_its_head_from_the_node(server):
 
 
 @pytest.mark.parametrize("name", ["llamagen_c2i", "llamagen_t2i", "janus_pro", "lumina_mgpt", "anole", "emu3",
-                                  "liquid", "lumina_mgpt2", "simplear", "emu35", "llamagen_t2i_drafter",
+                                  "liquid", "lumina_mgpt2", "simplear", "emu35", "glm_image", "llamagen_t2i_drafter",
                                   "anole_drafter"])
 def test_family_workflows_run_once_weights_are_in_the_model_folder(server, name):
     workflow = _api(name)
     sampler = next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")
-    if name in ("lumina_mgpt", "emu3", "lumina_mgpt2", "simplear", "emu35"):  # tiny models, smaller than the real
-        sampler["inputs"]["resolution"] = "256"
+    if name in ("lumina_mgpt", "emu3", "lumina_mgpt2", "simplear", "emu35", "glm_image"):  # tiny models, smaller
+        sampler["inputs"]["resolution"] = "256"  # than the real
     _offload_off_on_the_cpu(workflow)
+    _few_dit_steps(workflow)
     if name.startswith("anole"):  # the paper's k = 1000 needs the real 8192-code VQGAN; the tiny one has 64 codes
         sampler["inputs"]["k"] = 32
     entry = server.run(workflow)
@@ -322,15 +326,24 @@ def _offload_off_on_the_cpu(workflow: dict) -> None:
             node["inputs"]["offload"] = False
 
 
-@pytest.mark.parametrize("name", ["liquid", "lumina_mgpt2", "simplear", "emu35"])
+def _few_dit_steps(workflow: dict) -> None:
+    """GLM-Image's DiT decode in two steps here (the workflow's 50 are the reference's)."""
+    for node in workflow.values():
+        if node["class_type"] == "SpecAR_GlmDiTDecode":
+            node["inputs"]["steps"] = 2
+
+
+@pytest.mark.parametrize("name", ["liquid", "lumina_mgpt2", "simplear", "emu35", "glm_image"])
 def test_the_new_families_render_in_every_mode(server, name):
     """One queued graph per family: its shipped workflow with its sampler in `ar` and one in each other mode
-    beside it (`sjd`, the shipped mode, ran in the test above)."""
+    beside it (`sjd`, the shipped mode, ran in the test above); their images are the sampler's own decode
+    (GLM-Image: the token grid, its DiT being a node of its own, which the shipped graph runs on `ar`'s tokens)."""
     workflow = _api(name)
     key, sampler = next((k, v) for k, v in workflow.items() if v["class_type"] == "SpecAR_Sampler")
     if name != "liquid":  # the tiny models at a smaller size than the reference's (Liquid: 512 px only)
         sampler["inputs"]["resolution"] = "256"
     _offload_off_on_the_cpu(workflow)
+    _few_dit_steps(workflow)
     sampler["inputs"]["mode"] = "ar"
     for mode in ("gsd", "lantern", "vvs"):
         other = copy.deepcopy(sampler)
@@ -343,6 +356,36 @@ def test_the_new_families_render_in_every_mode(server, name):
     entry = server.run(workflow)
     assert entry["status"]["status_str"] == "success", _failure(entry)
     assert len([i for i in _outputs(entry, "images") if i["type"] == "output"]) == 4
+
+
+def test_the_glm_dit_decode_sets_the_dits_settings_and_refuses_another_model_by_name(server):
+    """The shipped GLM-Image graph with the DiT node's seed changed: another picture from the same tokens (the
+    sampler's, seed fixed). The node on the embedded model's tokens: one error naming the model input."""
+    workflow = _api("glm_image")
+    sampler = next(v for v in workflow.values() if v["class_type"] == "SpecAR_Sampler")
+    sampler["inputs"]["resolution"] = "256"
+    dit_key = next(k for k, v in workflow.items() if v["class_type"] == "SpecAR_GlmDiTDecode")
+    _few_dit_steps(workflow)
+    workflow[dit_key]["inputs"].update(steps=1)
+    workflow["dit_2"] = copy.deepcopy(workflow[dit_key])
+    workflow["dit_2"]["inputs"]["seed"] = 7
+    workflow["save_2"] = {"class_type": "SaveImage", "inputs": {"images": ["dit_2", 0], "filename_prefix": "dit_2"}}
+    entry = server.run(workflow)
+    assert entry["status"]["status_str"] == "success", _failure(entry)
+    saved = sorted((i for i in _outputs(entry, "images") if i["type"] == "output"), key=lambda i: i["filename"])
+    assert len(saved) == 2
+    pngs = [server.get(f"/view?filename={i['filename']}&subfolder={i['subfolder']}&type=output") for i in saved]
+    assert pngs[0][:8] == b"\x89PNG\r\n\x1a\n" and pngs[0] != pngs[1]
+    other = _api("embedded_t2i_sjd")
+    key = next(k for k, v in other.items() if v["class_type"] == "SpecAR_Sampler")
+    model = next(k for k, v in other.items() if v["class_type"] == "SpecAR_LoadModel")
+    other["dit"] = {"class_type": "SpecAR_GlmDiTDecode", "inputs": {"model": [model, 0], "tokens": [key, 7],
+                                                                    "prompt": "", "steps": 1, "guidance": 1.5,
+                                                                    "seed": 0}}
+    other["save_dit"] = {"class_type": "SaveImage", "inputs": {"images": ["dit", 0], "filename_prefix": "dit"}}
+    err = error_of(server.run(other)) or {}
+    assert err.get("node_type") == "SpecAR_GlmDiTDecode", err
+    assert err.get("exception_message", "").startswith("model: ") and "is not GLM-Image" in err["exception_message"]
 
 
 def test_a_release_not_on_disk_is_downloaded_on_first_use_and_renders(server, hub):

@@ -62,7 +62,7 @@ def test_the_release_with_its_dit_loads_a_decoder(model):
     assert model.decode is not None and "no_decoder" not in model.info
     assert model.info["dit_steps"] == 50 and model.info["dit_guidance"] == 1.5  # the pipeline's own defaults
     assert {"glm_image_ar", "glm_image_dit", "glm_image_vae", "glm_image_glyph_encoder"} <= set(model.modules)
-    assert model.decode_bytes_per_image > 0 and model.decode.previews is False
+    assert model.decode_bytes_per_image > 0 and model.decode.stage == "GLM-Image DiT Decode"  # the sampler leaves it
     assert model.name.startswith("GLM-Image (")
 
 
@@ -204,3 +204,62 @@ def test_the_decoders_parts_from_their_own_folders(folder, tmp_path):
     with pytest.raises(CheckpointError, match="its vae folder is missing"):
         glm_dit.GlmDiT.load(transformer=parts["transformer"])
     assert pathlib.Path(dit.source).name == "my-transformer"
+
+
+@pytest.mark.parametrize("mode", ["ar", "sjd", "gsd", "lantern", "vvs"])
+def test_the_command_line_renders_in_every_mode_with_the_dits_settings(folder, tmp_path, mode):
+    """``spec-ar render`` in each mode on the release with its DiT, one DiT step: a PNG of the asked size; the
+    DiT's settings reach the decoder (sjd: another --dit-seed, another picture of the same AR tokens)."""
+    import numpy as np
+    from PIL import Image
+
+    from spec_ar.cli import main
+
+    def render(out, dit_seed):
+        assert main(["render", "--model", str(folder), "--mode", mode, "--prompt", "a poster with the word 'hello'",
+                     "--width", str(WIDTH), "--height", str(HEIGHT), "--seed", "1", "--dit-steps", "1",
+                     "--dit-guidance", "1.5", "--dit-seed", str(dit_seed), "--out", str(out)]
+                    + (["--lantern-k", "8"] if mode in ("lantern", "vvs") else [])) == 0
+        with Image.open(out / f"{mode}_1.png") as img:
+            assert img.size == (WIDTH, HEIGHT)
+            return torch.from_numpy(np.asarray(img).copy())
+
+    first = render(tmp_path / "a", 0)
+    if mode == "sjd":
+        assert not torch.equal(first, render(tmp_path / "b", 9))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--dit-steps", "0"], "--dit-steps must be an integer >= 1 (got 0)"),
+    (["--dit-steps", "2.5"], "--dit-steps must be an integer >= 1 (got '2.5')"),
+    (["--dit-guidance", "-1"], "--dit-guidance must be a finite number >= 0 (got -1.0)"),
+    (["--dit-guidance", "nan"], "--dit-guidance must be a finite number >= 0 (got nan)"),
+    (["--dit-guidance", "inf"], "--dit-guidance must be a finite number >= 0 (got inf)"),
+    (["--dit-seed", "-3"], "--dit-seed must be an integer >= 0 (got -3)"),
+])
+def test_the_dits_settings_out_of_range_are_refused_by_name(folder, tmp_path, capsys, argv, message):
+    from spec_ar.cli import main
+
+    assert main(["render", "--model", str(folder), "--prompt", "a cat", "--out", str(tmp_path / "out"), *argv]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_the_dits_settings_for_a_model_without_a_dit_are_refused_before_loading(folder, tmp_path, capsys,
+                                                                                   monkeypatch):
+    from spec_ar.cli import main
+    from spec_ar.loaders import detect
+
+    monkeypatch.setattr(detect, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    assert main(["render", "--model", "embedded", "--prompt", "a cat", "--dit-guidance", "2",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--dit-guidance is a setting of GLM-Image's DiT stage; embedded (family embedded) has none: leave " \
+           "--dit-guidance out" in err
+    partial = tmp_path / "partial"
+    shutil.copytree(folder, partial, symlinks=True)
+    shutil.rmtree(partial / "transformer")
+    assert main(["render", "--model", str(partial), "--prompt", "a cat", "--dit-steps", "3", "--dit-seed", "1",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--dit-steps is a setting of GLM-Image's DiT stage" in err and "no transformer/" in err
+    assert not (tmp_path / "out").exists()

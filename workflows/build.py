@@ -122,6 +122,17 @@ def graphs() -> dict[str, tuple[dict, list]]:
         "emu3": _t2i({"model": "Emu3-Gen-hf"}, "gsd", "a bowl of ramen with a soft-boiled egg, studio lighting",
                      negative_prompt="lowres, blurry, text, watermark", G=10),
     }
+    # GLM-Image: the sampler's prior tokens through its DiT stage with the DiT's settings (the sampler's own images
+    # are the same decode at its defaults)
+    glm = _t2i({"model": "GLM-Image"}, "sjd", "a vintage travel poster of a lighthouse at dusk with the title "
+               "'North Cape' in bold letters", resolution="1024")
+    family["glm_image"] = {
+        "model": glm["model"], "sampler": glm["sampler"],
+        "dit": ("SpecAR_GlmDiTDecode", {"model": L("model"), "tokens": L("sampler", 7), "steps": 50,
+                                        "guidance": 1.5}),
+        "save": ("SaveImage", {"images": L("dit"), "filename_prefix": "spec_ar_glm_image"}),
+        "accept": glm["accept"], "report": glm["report"],
+    }
     out.update({name: (nodes, []) for name, nodes in family.items()})
     return {name: out[name] for name in CATALOG}  # the catalogue's order
 
@@ -145,7 +156,8 @@ TITLE, GROUP_HEAD, GROUP_PAD, GAP_X, GAP_Y, MARGIN = 30, 56, 14, 70, 40, 40
 #: minimum for the node's widgets, measured in the browser, wins where larger
 PREFERRED = {"PreviewImage": (300, 340), "SaveImage": (300, 340), "PreviewAny": (380, 240),
              "SpecAR_ReportTable": (620, 320), "SpecAR_ReportPlot": (520, 440), "SpecAR_Sampler": (360, 0),
-             "SpecAR_LoadModel": (340, 0), "SpecAR_PromptList": (380, 200)}
+             "SpecAR_LoadModel": (340, 0), "SpecAR_PromptList": (380, 200),
+             "SpecAR_GlmDiTDecode": (340, 0)}
 DEFAULT_SIZE = (320, 120)
 
 

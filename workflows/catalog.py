@@ -42,6 +42,9 @@ CATALOG: dict[str, tuple[str, str]] = {
     "emu35": ("Emu3.5 Image with SJD",
               "Emu3.5-Image/ (with emu3.tiktoken, emu3_vision_tokens.txt and Emu3.5-VisionTokenizer/ in it, "
               "as the download puts them), loaded in int8 with offload: a 24 GB card and 48 GB of system memory"),
+    "glm_image": ("GLM Image with SJD",
+                  "GLM-Image/ (zai-org/GLM-Image whole: its AR stage and its DiT stage's transformer/, vae/, "
+                  "text_encoder/, tokenizer/, scheduler/; the DiT needs diffusers >= 0.37)"),
 }
 
 
