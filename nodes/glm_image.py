@@ -1,5 +1,6 @@
 """GLM-Image DiT Decode: the sampler's GLM-Image prior tokens -> images through the model's DiT stage, with its
-steps, guidance and seed set (``decoders/glm_dit.py``'s settings table; the sampler decodes at their defaults)."""
+steps, guidance and seed set (``decoders/glm_dit.py``'s settings table).  The sampler leaves the DiT to this node
+(its own image output shows the token grid), so the 7B DiT runs once per picture."""
 from __future__ import annotations
 
 from comfy_api.v0_0_2 import io
@@ -30,8 +31,8 @@ class GlmDiTDecode(io.ComfyNode):
         return io.Schema(
             node_id="SpecAR_GlmDiTDecode", display_name="GLM-Image DiT Decode", category="SpeculativeAR",
             description="GLM-Image's second stage: the sampler's prior tokens -> images through its DiT "
-                        "(diffusers' GlmImagePipeline), with the DiT's steps, guidance and seed set here. The "
-                        "sampler's own images are this decode at the defaults.",
+                        "(diffusers' GlmImagePipeline), with the DiT's steps, guidance and seed set here (the "
+                        "sampler's own image output shows the token grid).",
             inputs=[
                 ARModel.Input("model", tooltip="A GLM-Image release with its DiT stage (transformer/, vae/, "
                                                "text_encoder/, tokenizer/, scheduler/), from Load AR Image Model."),
