@@ -15,7 +15,8 @@ from . import chameleon, embedded, emu3, emu35, glm_image, janus, liquid, llamag
 from .family import Detected, Family, LoadOptions, NotAModel
 from .offload import ACTIVE as OFFLOAD
 from .static_cache import resolve_path
-from .storage import STORAGES, check_available, checkpoint_files, choose, full_dtype
+from .sizing import choose
+from .storage import STORAGES, check_available, checkpoint_files, full_dtype
 
 #: detection order.  The folder families come first and LlamaGen last: it recognises a
 #: folder by reading the checkpoint files in it, which must not happen to Meta's

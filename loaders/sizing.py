@@ -5,16 +5,20 @@ A model's weights part into the transformer's repeated blocks (``layers.N.``: wh
 quantizes and offload streams) and the rest (embeddings, head, norms, image models).  Loaded whole,
 the card holds both; offloaded, system memory holds the blocks and the card the rest plus two blocks
 (the one running and the next one's copy, :mod:`.offload`).  :func:`plans` gives every option's
-figures for a card and the largest batch each leaves room for; :func:`offload_advice` is what the
-loader's memory check adds when the weights asked for do not fit the card.
+figures for a card and the largest batch each leaves room for; :func:`choose` is the loader's memory
+check (the storage to load with, or one error naming what fits, offloaded options included).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+import torch
+
+from ..sampling.config import ConfigError
+from ..sampling import memory
 from ..sampling.memory import HEADROOM, gb
-from .storage import NEVER, STORAGES, Storage, full_dtype, quantizes, resolve
+from .storage import NEVER, STORAGES, Storage, compute_dtype, file_weight_bytes, full_dtype, quantizes, resolve
 
 #: a tensor of the transformer's N-th block (where quantized storage quantizes; ``NEVER``: image models)
 BLOCK = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -104,3 +108,39 @@ def offload_advice(files, storage: Storage, card_free: int, system_free: int | N
     fits.sort(key=lambda p: (p.storage != storage.name, -p.card))
     named = " or ".join(f"{p.storage} ({gb(p.card)} on the card, {gb(p.system)} of system memory)" for p in fits)
     return f"; with offload (the blocks in system memory, streamed): {named}"
+
+
+def choose(files, dtype, device, what: str, offload: bool = False) -> Storage:
+    """The storage to load ``files`` with: ``dtype`` if its weights fit ``device``'s free
+    memory, else one error naming the options that do; ``auto``: bfloat16 on GPUs
+    (float16 without bfloat16), on CPUs float32 while it takes at most half the free
+    memory, else bfloat16 (quantized storage is never picked for the user: it is lossy).
+    ``offload``: the weights are held in system memory, so they are sized against it."""
+    dev = torch.device(device)
+    if offload:
+        if dtype in (None, "auto"):
+            dtype = compute_dtype(device)
+        device = "cpu"
+    free = memory.free_bytes(device)
+    if dtype in (None, "auto"):
+        wanted = compute_dtype(device) if dev.type == "cuda" else torch.float32
+        if dev.type == "cpu" and free is not None and file_weight_bytes(files, torch.float32) > free / 2:
+            wanted = torch.bfloat16
+        storage = resolve(wanted)
+    else:
+        storage = resolve(dtype)
+    need = file_weight_bytes(files, storage, device)
+    if free is None or need <= HEADROOM * free:
+        return storage
+    sizes = {name: file_weight_bytes(files, s, device) for name, s in STORAGES.items()}
+    fits = [f"{name} ({gb(n)})" for name, n in sorted(sizes.items(), key=lambda kv: -kv[1])
+            if n <= HEADROOM * free and name != storage.name]
+    offloaded = ""
+    if dev.type == "cuda" and not offload:  # the blocks could live in system memory instead
+        offloaded = offload_advice(files, storage, free, memory.free_bytes("cpu"))
+    advice = (f"{' or '.join(fits)} fit{'s' if len(fits) == 1 else ''}" if fits else
+              "no storage fits" + ("" if offloaded else ": free memory (close other programs or models) or use a "
+                                                         "smaller model"))
+    where = "system memory (offload)" if offload else dev.type
+    raise ConfigError(f"{what} in {storage.name} needs about {gb(need)} of weights, {where} has {gb(free)} "
+                      f"free: {advice}{offloaded}")

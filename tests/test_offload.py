@@ -10,7 +10,8 @@ import torch
 
 from spec_ar.bench import scale_checkpoints
 from spec_ar.loaders import detect, offload
-from spec_ar.loaders.storage import STORAGES, choose
+from spec_ar.loaders.sizing import choose
+from spec_ar.loaders.storage import STORAGES
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 from spec_ar.sampling.config import ConfigError
 

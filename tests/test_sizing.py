@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from spec_ar.loaders import sizing
-from spec_ar.loaders.storage import STORAGES, choose
+from spec_ar.loaders.sizing import choose
+from spec_ar.loaders.storage import STORAGES
 from spec_ar.sampling.config import ConfigError
 
 from .checkpoints import write_sparse_safetensors

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from spec_ar.loaders import storage
+from spec_ar.loaders import sizing, storage
 from spec_ar.loaders.llamagen import LlamaGenAdapter
 from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder
 
@@ -112,13 +112,13 @@ def test_sizing_reads_the_files_and_names_what_fits(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "free_bytes", lambda device: int((sizes["bfloat16"] + sizes["int8"]) / 2 / 0.9))
     with pytest.raises(ConfigError, match=r"in bfloat16 needs about .* of weights, cpu has .* free: int8 \(.*\) or "
                                           r"fp8 \(.*\) or nf4 \(.*\) fit$"):
-        storage.choose(files, "bfloat16", "cpu", "c2i.safetensors (llamagen)")
-    assert storage.choose(files, "int8", "cpu", "x").name == "int8"
+        sizing.choose(files, "bfloat16", "cpu", "c2i.safetensors (llamagen)")
+    assert sizing.choose(files, "int8", "cpu", "x").name == "int8"
     # auto never picks what does not fit, and never a quantized storage
     monkeypatch.setattr(memory, "free_bytes", lambda device: 10 * sizes["float32"])
-    assert storage.choose(files, "auto", "cpu", "x").name == "float32"
+    assert sizing.choose(files, "auto", "cpu", "x").name == "float32"
     monkeypatch.setattr(memory, "free_bytes", lambda device: int(1.5 * sizes["float32"]))
-    assert storage.choose(files, "auto", "cpu", "x").name == "bfloat16"
+    assert sizing.choose(files, "auto", "cpu", "x").name == "bfloat16"
 
 
 def test_a_storage_that_cannot_run_here_is_refused_naming_what_can(monkeypatch):
