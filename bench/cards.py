@@ -31,9 +31,8 @@ def per_image(model, mode: str, prompt: str = "a red fox in the snow") -> dict[s
 
 def main(argv=None) -> int:
     from ..loaders.detect import load_model
-    from ..loaders.sizing import OFFLOADABLE, split
+    from ..loaders.sizing import plans, split
     from ..loaders.storage import checkpoint_files
-    from ..sampling.memory import HEADROOM
 
     ap = argparse.ArgumentParser(prog="spec-ar bench cards", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,21 +55,13 @@ def main(argv=None) -> int:
     grow = (args.layers or present) / present
     image["KV cache"] = int(image["KV cache"] * grow)  # a layer's cache per layer
     need = sum(image.values())
-    rows, options = [], {}
-    for name in args.storages:
-        s = split(files, name)
-        blocks, largest = s.blocks * grow, s.largest
-        for offload in (False, True) if name in OFFLOADABLE else (False,):
-            card = s.resident + (2 * largest if offload else blocks)
-            options[name, offload] = {"storage": name, "offload": offload, "weights_gb": card / GB,
-                                      "system_gb": blocks / GB if offload else 0.0,
-                                      "streamed_ms": blocks / (args.link * GB) * 1e3 if offload else None}
+    rows = []
     for size in args.cards:
-        for (name, offload), o in options.items():
-            room = HEADROOM * size * GB - o["weights_gb"] * GB
-            fits_system = not offload or o["system_gb"] <= HEADROOM * args.system
-            batch = int(room // need) if room > 0 and fits_system else 0
-            rows.append({"card_gb": size, **o, "batch": batch})
+        for p in plans(files, size * GB, args.system * GB, need, args.storages, blocks=args.layers):
+            system = p.system / GB
+            rows.append({"card_gb": size, "storage": p.storage, "offload": p.offload, "weights_gb": p.card / GB,
+                         "system_gb": system, "streamed_ms": system / args.link * 1e3 if p.offload else None,
+                         "batch": p.batch})
     report = {"model": str(args.model), "layers": args.layers or present, "layers_in_folder": present,
               "width": args.width, "height": args.height, "mode": args.mode, "system_gb": args.system,
               "link_gb_s": args.link, "per_image": image, "per_image_gb": need / GB, "rows": rows}

@@ -18,7 +18,8 @@ import torch
 from ..sampling.config import ConfigError
 from ..sampling import memory
 from ..sampling.memory import HEADROOM, gb
-from .storage import NEVER, STORAGES, Storage, compute_dtype, file_weight_bytes, full_dtype, quantizes, resolve
+from .storage import (NEVER, STORAGES, Storage, compute_dtype, file_weight_bytes, full_dtype, resolve,
+                      stored_tensor_bytes)
 
 #: a tensor of the transformer's N-th block (where quantized storage quantizes; ``NEVER``: image models)
 BLOCK = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -44,6 +45,10 @@ class Split:
     def in_system(self, offload: bool) -> int:
         return self.blocks if offload else 0
 
+    def with_blocks(self, count: int) -> "Split":
+        """The same model ``count`` blocks deep (the full shape sized from a fraction of its layers)."""
+        return Split(self.resident, int(self.blocks * count / self.count), self.largest, count)
+
 
 def split(files, dtype, device="cuda") -> Split:
     """The weights of ``files`` as ``dtype`` stores them on ``device`` (read from the headers)."""
@@ -54,10 +59,7 @@ def split(files, dtype, device="cuda") -> Split:
     resident, blocks = 0.0, {}
     for f in files:
         for name, shape in peek(f).items():
-            n = 1
-            for d in shape:
-                n *= d
-            size = n * storage.bits / 8 + shape[0] * storage.row_bytes if quantizes(name, shape, storage) else n * full
+            size = stored_tensor_bytes(name, shape, storage, full)
             block = BLOCK.search(name)
             if block and not NEVER.search(name):
                 blocks[block.group(2)] = blocks.get(block.group(2), 0) + size
@@ -80,14 +82,15 @@ class Plan:
 
 
 def plans(files, card: int, system: int | None = None, per_image: int = 0,
-          storages=("bfloat16", "int8", "fp8", "nf4")) -> list[Plan]:
+          storages=("bfloat16", "int8", "fp8", "nf4"), blocks: int | None = None) -> list[Plan]:
     """For a card of ``card`` bytes (and ``system`` bytes of system memory, None: not limited): every
     option of ``storages``, whole and (where it can) offloaded, with the batch of ``per_image`` bytes each
     leaves room for (the largest that fits :data:`HEADROOM` of the card; with ``per_image`` 0, 1 when the
-    weights fit)."""
+    weights fit); ``blocks``: sized as that many blocks deep (:meth:`Split.with_blocks`)."""
     out = []
     for name in storages:
         s = split(files, STORAGES[name])
+        s = s.with_blocks(blocks) if blocks else s
         for offload in (False, True) if name in OFFLOADABLE else (False,):
             on_card, in_system = s.on_card(offload), s.in_system(offload)
             room = HEADROOM * card - on_card

@@ -406,21 +406,22 @@ def checkpoint_files(path) -> list:
     return top + below
 
 
+def stored_tensor_bytes(name: str, shape, storage: Storage, full_bytes: int) -> float:
+    """Bytes checkpoint tensor ``name`` of ``shape`` takes stored by ``storage`` (``full_bytes`` per element
+    where it stays in full precision)."""
+    n = 1
+    for d in shape:
+        n *= d
+    if quantizes(name, shape, storage):
+        return n * storage.bits / 8 + shape[0] * storage.row_bytes
+    return n * full_bytes
+
+
 def file_weight_bytes(files, dtype, device="cpu") -> int:
     """Bytes the tensors in ``files`` take once loaded as ``dtype`` (read from the
     files' headers: safetensors headers, or pickles memory-mapped)."""
     from ..formats.checkpoints import peek
 
     storage = resolve(dtype)
-    full = torch.finfo(full_dtype(storage, device)).bits // 8
-    total = 0.0
-    for f in files:
-        for name, shape in peek(f).items():
-            n = 1
-            for d in shape:
-                n *= d
-            if quantizes(name, shape, storage):
-                total += n * storage.bits / 8 + shape[0] * storage.row_bytes
-            else:
-                total += n * full
-    return int(total)
+    full = full_dtype(storage, device).itemsize
+    return int(sum(stored_tensor_bytes(name, shape, storage, full) for f in files for name, shape in peek(f).items()))
