@@ -17,7 +17,7 @@ from spec_ar.loaders.detect import detect, load_model
 from spec_ar.sampling import DecodeConfig, SpeculativeDecoder
 from spec_ar.sampling.config import ConfigError
 
-from .glm_image_files import END, START, generation, write_glm_image
+from .glm_image_files import END, START, VISION_VOCAB, generation, write_glm_image
 
 REFERENCE = pathlib.Path(__file__).parent / "reference"
 
@@ -136,6 +136,33 @@ def test_the_greedy_streams_are_transformers(model, folder, record, mode, path):
         assert torch.equal(pos[:, 0, inside], ref[:, k[inside]])
         checked += int(inside.sum())
     assert checked >= ref.shape[1]
+
+
+@pytest.mark.parametrize("mode", ["ar", "sjd"])
+def test_the_greedy_prior_tokens_are_diffusers_own(model, folder, record, mode):
+    """diffusers' ``GlmImagePipeline.generate_prior_tokens`` itself, on transformers' model read from the folder:
+    sampling off (top-k 1 under its ``do_sample=True``) and the ids from the image start on suppressed (the pack's
+    departure at the grids' places; the one token after the grid, where they differ, the pipeline discards).  Its
+    ``prior_token_ids`` for both prompts in one left-padded batch are ours."""
+    diffusers = pytest.importorskip("diffusers")
+    from transformers import GlmImageForConditionalGeneration, GlmImageProcessor
+
+    ar = GlmImageForConditionalGeneration.from_pretrained(
+        str(folder / glm_image.ENCODER), dtype=torch.float32, attn_implementation="eager").eval()
+    ar.generation_config.top_k = 1
+    ar.generation_config.suppress_tokens = list(range(START, VISION_VOCAB))
+    processor = GlmImageProcessor.from_pretrained(str(folder / glm_image.PROCESSOR))
+    pipe = diffusers.GlmImagePipeline(tokenizer=None, processor=processor, text_encoder=None,
+                                      vision_language_encoder=ar, vae=None, transformer=None, scheduler=None)
+    prompts = [r["prompt"] for r in record["records"]]
+    with torch.no_grad():
+        theirs, *_ = pipe.generate_prior_tokens(prompts, height=record["height"], width=record["width"],
+                                                device=torch.device("cpu"))
+    res = SpeculativeDecoder(model.adapter, DecodeConfig(mode=mode, top_k=1, window=16)).generate(prompts, seeds=0)
+    ours = glm_image.prior_token_ids(res.tokens, model.adapter)
+    assert ours.shape == theirs.shape == (2, 4 * 2 * 3)
+    assert torch.equal(ours, theirs)
+    assert len(set(theirs[0].tolist())) > 2  # not a constant grid
 
 
 def test_prior_token_ids_are_the_pipelines(model, record):
