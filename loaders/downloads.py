@@ -3,11 +3,15 @@ pack's model folder.
 
 :data:`RELEASES` names each release the loader offers: its hub repositories and, of each, the
 files its loader opens (``files``: every one must be there), the files it reads when they are
-there (``optional``: fetched when the repository has them) and, for a transformers folder, its
-weights (``model.safetensors``, or the index and every shard the index names).  Nothing else of
-a repository is fetched.  A release may also take files the hub does not carry from the authors'
-git repository (:class:`Pinned`: Emu3.5's text tokenizer), each pinned in this module to one
-commit, its size and its git blob hash.
+there (``optional``: fetched when the repository has them) and its weights: those of a
+transformers folder at the repository's root (``weights``: ``model.safetensors``, or the index and
+every shard the index names), and those of the folders inside it where a diffusers release's
+components keep theirs (``weights_in``: in each, transformers' names or diffusers'
+``diffusion_pytorch_model.safetensors`` and its index, the shards an index names beside it).
+Weights are safetensors only: pickled ones (``.bin``, ``.pt`` ...) beside them are never taken.
+Nothing else of a repository is fetched.  A release may also take files the hub does not carry
+from the authors' git repository (:class:`Pinned`: Emu3.5's text tokenizer), each pinned in this
+module to one commit, its size and its git blob hash.
 
 :func:`download` lists each repository at one commit (the hub's tree API: every file's size and
 the hash the hub keeps of it) and checks that everything required is there before fetching
@@ -41,6 +45,9 @@ PREFIX = "download: "
 #: what a verified download leaves in its folder: the release is complete when it is there
 RECORD = "spec_ar_download.json"
 INDEX, SINGLE = "model.safetensors.index.json", "model.safetensors"
+#: a folder's weights as transformers and as diffusers save them, (index, single file) each, in the order sought
+WEIGHT_NAMES = ((INDEX, SINGLE), ("diffusion_pytorch_model.safetensors.index.json",
+                                  "diffusion_pytorch_model.safetensors"))
 TORCH_ARCHIVES = (".pt", ".pth", ".ckpt", ".bin", ".jit")  # zip files when whole
 _REPORT_EVERY = 2**20  # bytes between two progress reports
 #: what a connection that failed raises (httpx's, httpx2's and requests' errors, by class name)
@@ -57,7 +64,8 @@ class Source:
     repo: str  # the hub repository
     files: tuple[str, ...]  # what the loader opens: each must be in the repository
     optional: tuple[str, ...] = ()  # what the loader reads when there: fetched if the repository has it
-    weights: bool = False  # transformers weights: model.safetensors, or its index and every shard it names
+    weights: bool = False  # transformers weights at the root: model.safetensors, or its index and every shard it names
+    weights_in: tuple[str, ...] = ()  # folders whose weights are taken too (WEIGHT_NAMES: transformers' or diffusers')
     into: str = ""  # the folder inside the release's folder its files go to ("": the release's folder)
 
 
@@ -113,6 +121,18 @@ _EMU35_TOKENIZER = Pinned("github.com/baaivision/Emu3.5", "8fcf1da48f9c5252fe0a0
     PinnedFile("src/tokenizer_emu3_ibq/emu3_vision_tokens.txt", 3145774, "52054a53fc42d2b72bcd5e3fc72b03e42e063ded")))
 # the IBQ vision tokenizer, inside the model's folder (where decoders.ibq.find_ibq looks first)
 _IBQ = Source("BAAI/Emu3.5-VisionTokenizer", ("config.yaml", "model.ckpt"), into="Emu3.5-VisionTokenizer")
+# GLM-Image's release, a diffusers folder: what the AR stage reads (loaders.glm_image: vision_language_encoder/,
+# processor/) and the DiT stage (decoders.glm_dit, each part by its library's from_pretrained, safetensors only:
+# transformer/, vae/, text_encoder/ and tokenizer/ the ByT5 glyph encoder, scheduler/); the optional files are
+# what those classes read when there (the hub lists processor/preprocessor_config.json and chat_template.jinja,
+# tokenizer/special_tokens_map.json and added_tokens.json)
+_GLM_PROCESSOR = tuple(f"processor/{f}" for f in _EXTRAS if f != "generation_config.json")
+_GLM_IMAGE = Source("zai-org/GLM-Image", (
+    "model_index.json", "vision_language_encoder/config.json", "processor/tokenizer.json",
+    "processor/tokenizer_config.json", "transformer/config.json", "vae/config.json", "text_encoder/config.json",
+    "tokenizer/tokenizer_config.json", "scheduler/scheduler_config.json"), (
+    "vision_language_encoder/generation_config.json", *_GLM_PROCESSOR, "tokenizer/special_tokens_map.json",
+    "tokenizer/added_tokens.json"), weights_in=("vision_language_encoder", "transformer", "vae", "text_encoder"))
 
 RELEASES = {r.name: r for r in (
     Release("LlamaGen-c2i-B-256", "llamagen", "LlamaGen-B class-conditional, 256 px, with its VQ tokenizer",
@@ -160,6 +180,7 @@ RELEASES = {r.name: r for r in (
             "DV8x16x16 tokenizer", (_hf("Daniel0724/SimpleAR-0.5B-RL", _BPE, ("tokenizer.json",)), _COSMOS)),
     Release("SimpleAR-1.5B-RL", "simplear", "SimpleAR 1.5B (on Qwen2.5, RL-tuned), 1024 px, with NVIDIA's Cosmos "
             "DV8x16x16 tokenizer", (_hf("Daniel0724/SimpleAR-1.5B-RL", _BPE, ("tokenizer.json",)), _COSMOS)),
+    Release("GLM-Image", "glm_image", "GLM-Image 9B AR + 7B DiT, text to image, diffusers layout", (_GLM_IMAGE,)),
     # LANTERN's trained draft heads (jadohu/LANTERN's README: config.json and pytorch_model.bin each)
     Release("LANTERN-drafter-LlamaGen-t2i-XL-256", "drafter",
             "LANTERN's draft head for LlamaGen-XL text-to-image stage I, 256 px (LlamaGen-t2i-XL-256)",
@@ -319,8 +340,10 @@ class _Download:
                 raise
             raise failure from None
         absent = [f for f in source.files if f not in listing]
-        if source.weights and INDEX not in listing and SINGLE not in listing:
-            absent.append(f"{SINGLE} (or {INDEX} and its shards)")
+        for folder, names in _weight_folders(source):
+            if _weights_file(folder, names, listing) is None:
+                absent.append(f"{' or '.join(folder + single for _, single in names)} (or "
+                              f"{' or '.join(folder + index for index, _ in names)} and its shards)")
         if absent:
             raise DownloadError(f"{self.release.name}: {source.repo} has no {', '.join(absent)}, which the loader "
                                 "needs; check the repository on the hub (it may have changed), or report it")
@@ -331,18 +354,20 @@ class _Download:
         if isinstance(source, Pinned):
             return list(listing.values())
         names = [*source.files, *(f for f in source.optional if f in listing)]
-        if source.weights and INDEX in listing:
-            names += [INDEX, *self._shards(listing[INDEX], listing)]
-        elif source.weights:
-            names.append(SINGLE)
+        for folder, sought in _weight_folders(source):
+            found = _weights_file(folder, sought, listing)
+            names += [found, *self._shards(listing[found], listing)] if found.endswith(".index.json") else [found]
         return [listing[n] for n in dict.fromkeys(names)]
 
     def _shards(self, index: _Remote, listing: dict[str, _Remote]) -> list[str]:
-        """The shards ``index`` names (fetched first: a few kilobytes), each listed."""
+        """The shards ``index`` names (fetched first: a few kilobytes), each listed, as paths of the
+        repository (an index names the files beside it)."""
         self._ensure(index, report=False)
         path = self.folder / index.at
+        folder = index.path.rpartition("/")[0]
         try:
-            shards = list(dict.fromkeys(json.loads(path.read_text(encoding="utf-8"))["weight_map"].values()))
+            shards = [f"{folder}/{s}" if folder else s for s in dict.fromkeys(
+                json.loads(path.read_text(encoding="utf-8"))["weight_map"].values())]
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             path.unlink(missing_ok=True)
             raise DownloadError(f"{self.release.name}: {index.path} of {index.repo} is no weight index "
@@ -536,6 +561,19 @@ def _get(session, url: str, headers: dict, timeout):
         with session.get(url, headers=headers, stream=True, allow_redirects=True, timeout=timeout) as response:
             # (chunks of a size: without one urllib3 reads to the end before it yields)
             yield response.status_code, response.headers, response.reason, response.iter_content(chunk_size=2**16)
+
+
+def _weight_folders(source: Source) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    """``(folder as a path prefix, the names sought there)`` of each folder whose weights ``source`` takes: the
+    root with transformers' names (``weights``), each of ``weights_in`` with transformers' or diffusers'."""
+    return ([("", WEIGHT_NAMES[:1])] if source.weights else []) + [
+        (f"{folder.strip('/')}/", WEIGHT_NAMES) for folder in source.weights_in]
+
+
+def _weights_file(folder: str, names, listing) -> str | None:
+    """The path of the weights in ``folder`` the repository lists: the first naming it has, its index before its
+    single file; None without."""
+    return next((folder + name for pair in names for name in pair if folder + name in listing), None)
 
 
 def _merge(folder: pathlib.Path, partial: pathlib.Path) -> None:

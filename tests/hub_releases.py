@@ -6,8 +6,9 @@ not take (README.md, .gitattributes, other weight formats, training leftovers).
 
 Layouts come from the repositories' file listings (the hub's tree pages) where they could be read:
 LlamaGen's, Lumina-mGPT's (the 512 px release carries no tokenizer), Lumina-mGPT 2.0's, GAIR's Anole
-(``models/7b/`` and ``tokenizer/``), flan-t5-xl's, MoVQGAN's and the Cosmos tokenizers'.  Where a detail
-could not be confirmed, the layout is what the family's conversion writes, and the builder says so.
+(``models/7b/`` and ``tokenizer/``), flan-t5-xl's, MoVQGAN's, the Cosmos tokenizers' and GLM-Image's (a
+public catalog's copy of its listing).  Where a detail could not be confirmed, the layout is what the
+family's conversion writes, and the builder says so.
 Files a download never takes hold a stand-in of a few bytes (``STAND_IN``): only their names matter, and
 the test checks that none of them is fetched.
 """
@@ -31,23 +32,26 @@ def card(repo: str, **more: bytes) -> dict[str, bytes]:
     return {".gitattributes": GITATTRIBUTES, "README.md": f"---\nlicense: other\n---\n# {repo}\n".encode(), **more}
 
 
-def shard(folder: pathlib.Path, shards: int) -> None:
-    """``model.safetensors`` re-saved as ``shards`` files with their index, as ``save_pretrained`` shards."""
+def shard(folder: pathlib.Path, shards: int, stem: str = "model") -> None:
+    """``{stem}.safetensors`` (or the shards its index names) re-saved as ``shards`` files with their index, as
+    ``save_pretrained`` shards: transformers' ``model``, diffusers' ``diffusion_pytorch_model``."""
     from safetensors.torch import load_file, save_file
 
-    single = folder / "model.safetensors"
-    sd = load_file(str(single))
+    index = folder / f"{stem}.safetensors.index.json"
+    old = ([folder / f for f in dict.fromkeys(json.loads(index.read_text())["weight_map"].values())] + [index]
+           if index.is_file() else [folder / f"{stem}.safetensors"])
+    sd = {k: v for f in old if f.suffix == ".safetensors" for k, v in load_file(str(f)).items()}
+    for f in old:
+        f.unlink()
     names = list(sd)
     weight_map, size = {}, 0
     for i in range(shards):
         part = {k: sd[k].contiguous() for k in names[i * len(names) // shards:(i + 1) * len(names) // shards]}
-        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        file = f"{stem}-{i + 1:05d}-of-{shards:05d}.safetensors"
         save_file(part, str(folder / file), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(part, file))
         size += sum(t.numel() * t.element_size() for t in part.values())
-    (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": size}, "weight_map": weight_map}, indent=2))
-    single.unlink()
+    index.write_text(json.dumps({"metadata": {"total_size": size}, "weight_map": weight_map}, indent=2))
 
 
 def special_tokens_map(folder: pathlib.Path) -> bytes:
@@ -259,6 +263,32 @@ def lantern(work: pathlib.Path, repo: str) -> dict[str, bytes]:
     return card(repo, **files_of(folder))
 
 
+def glm_image(work: pathlib.Path) -> dict[str, bytes]:
+    """zai-org/GLM-Image, a diffusers folder, as the hub lists it (a public catalog's copy of the repository's file
+    list, ``GLM_IMAGE_DIFFUSERS_FILES``; ``model_index.json``, ``vision_language_encoder/config.json`` and
+    ``processor/preprocessor_config.json`` read on the hub): the AR model's weights in 4 shards with their index, the
+    DiT's in 3 (diffusers' names), the VAE and the ByT5 encoder in one file each; ``processor/`` with
+    ``chat_template.jinja`` and the image processor's settings in ``preprocessor_config.json`` (no
+    ``processor_config.json``); ``tokenizer/`` with ``special_tokens_map.json`` and ``added_tokens.json``.  The tiny
+    model is :func:`write_glm_image`'s, re-sharded and re-saved so.  Not confirmed: the contents of the processor's
+    and tokenizer's settings beyond their names (transformers' own save of the tiny processor and ByT5 tokenizer),
+    and whether the hub carries more than the listing (it lists no pickled weights: the VAE's
+    ``diffusion_pytorch_model.bin`` here is a stand-in, to show a download never takes pickled weights)."""
+    from .glm_image_files import write_glm_image
+
+    folder = write_glm_image(work / "GLM-Image", dit_stage=True)
+    shard(folder / "vision_language_encoder", 4)
+    shard(folder / "transformer", 3, "diffusion_pytorch_model")
+    processor = folder / "processor"
+    settings = json.loads((processor / "processor_config.json").read_text())
+    (processor / "preprocessor_config.json").write_text(json.dumps(
+        {**settings.pop("image_processor"), "processor_class": settings.pop("processor_class")}, indent=2))
+    assert not settings, settings  # nothing else of the processor's is lost with its file
+    (processor / "processor_config.json").unlink()
+    (folder / "tokenizer" / "special_tokens_map.json").write_bytes(special_tokens_map(folder / "tokenizer"))
+    return card("zai-org/GLM-Image", **files_of(folder), **{"vae/diffusion_pytorch_model.bin": STAND_IN})
+
+
 def repos_for(name: str, work: pathlib.Path) -> dict[str, dict[str, bytes]]:
     """The repositories release ``name`` takes files from, as the hub serves them."""
     from spec_ar.loaders.downloads import RELEASES
@@ -299,6 +329,8 @@ def repos_for(name: str, work: pathlib.Path) -> dict[str, dict[str, bytes]]:
             out[repo] = simplear(work, repo)
         elif repo == "nvidia/Cosmos-1.0-Tokenizer-DV8x16x16":
             out[repo] = cosmos(work)
+        elif repo == "zai-org/GLM-Image":
+            out[repo] = glm_image(work)
         elif repo.startswith("jadohu/"):
             out[repo] = lantern(work, repo)
         else:

@@ -104,6 +104,8 @@ def test_every_release_downloads_verifies_and_loads_from_its_real_layout(name, t
         assert {into + f for f in source.files} <= set(record["files"]), source.repo
         if source.weights:
             assert any(f.endswith(".safetensors") for f in record["files"])
+        for part in source.weights_in:  # each folder's weights (a diffusers release's components)
+            assert any(f.startswith(f"{into}{part}/") and f.endswith(".safetensors") for f in record["files"]), part
     for path, meta in record["files"].items():
         content = repos[meta["repo"]][meta.get("path", path)]
         assert (folder / path).read_bytes() == content and meta["size"] == len(content) and content != STAND_IN
@@ -129,6 +131,8 @@ def load(release, folder: pathlib.Path, tmp_path: pathlib.Path):
     text = write_t5(tmp_path / "t5") if release.name.startswith("LlamaGen-t2i") else None
     model = load_model(folder, text_encoder=text)
     assert model.family == release.family
+    if release.family == "glm_image":  # the DiT stage's folders came too: the model decodes
+        assert model.decode is not None, model.info.get("no_decoder")
     return model
 
 
@@ -338,10 +342,49 @@ def test_every_release_names_its_files_and_families_the_loaders_know():
         assert hub and all(s.repo.count("/") == 1 and s.files for s in hub)
         assert all("*" not in f for s in hub for f in s.files + s.optional), release  # names, not patterns
         assert release.family in BY_NAME or release.family in ("t5", "drafter"), release
+        # weights folders by name, inside the repository
+        assert all(w and "*" not in w and w.strip("/") == w for s in hub for w in s.weights_in), release
         for s in release.sources:
             if isinstance(s, downloads.Pinned):  # a full commit id, each file's size and blob hash
                 assert s.repo.startswith("github.com/") and len(s.commit) == 40 and int(s.commit, 16) >= 0
                 assert s.files and all(f.size > 0 and len(f.sha1) == 40 and int(f.sha1, 16) >= 0 for f in s.files)
+
+
+GLM = "GLM-Image"
+
+
+@pytest.fixture(scope="module")
+def glm_repos(tmp_path_factory):
+    """zai-org/GLM-Image as the hub lays it out (tests/hub_releases.py), built once."""
+    return repos_for(GLM, tmp_path_factory.mktemp("glm-hub"))
+
+
+@pytest.mark.parametrize("removed, named", [
+    # a shard the DiT's index names (weights inside a folder: the index's shards are beside it)
+    ("transformer/diffusion_pytorch_model-00002-of-00003.safetensors",
+     r"GLM-Image: zai-org/GLM-Image's transformer/diffusion_pytorch_model\.safetensors\.index\.json names "
+     r"transformer/diffusion_pytorch_model-00002-of-00003\.safetensors, which the repository lacks; report it"),
+    # the VAE's safetensors (its pickled weights beside them are never taken in their place)
+    ("vae/diffusion_pytorch_model.safetensors",
+     r"GLM-Image: zai-org/GLM-Image has no vae/model\.safetensors or vae/diffusion_pytorch_model\.safetensors \(or "
+     r"vae/model\.safetensors\.index\.json or vae/diffusion_pytorch_model\.safetensors\.index\.json and its "
+     r"shards\), which the loader needs")])
+def test_weights_a_folder_of_the_release_lacks_are_named_before_anything_large_is_fetched(
+        removed, named, glm_repos, tmp_path, monkeypatch):
+    """GLM-Image takes the weights of four folders of its repository: one that the repository lacks (a shard its
+    index names, or the folder's weights file) is one error naming it, before any weights are fetched (the
+    indexes only, a few kilobytes), and the release is not on disk."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    repos = {repo: dict(files) for repo, files in glm_repos.items()}
+    del repos["zai-org/GLM-Image"][removed]
+    root = tmp_path / "models"
+    with FakeHub(repos) as hub:
+        with pytest.raises(DownloadError, match=named):
+            downloads.download(GLM, root, endpoint=hub.url)
+        fetched = [p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p]
+    assert not [p for p in fetched if p.endswith((".safetensors", ".bin"))], fetched
+    assert GLM not in downloads.present(root) and not (root / GLM).exists()
 
 
 EMU35 = "Emu3.5-Image"
