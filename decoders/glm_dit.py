@@ -40,13 +40,17 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..formats.checkpoints import CheckpointError, hf_call
+from ..formats.checkpoints import (CheckpointError, assign_weights, checked_weight_files, empty_model, hf_call,
+                                   read_json, read_weights, weight_files)
 from ..sampling.checks import NonFiniteImageError
 from .blocks import decoder_bytes
 
 INSTALL = "pip install 'diffusers>=0.37'"
 #: the release's folders this decoder reads (model_index.json's component names)
 PARTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+#: the parts that are modules (weights), with what errors call them
+MODULES = {"transformer": "GLM-Image's DiT (GlmImageTransformer2DModel)", "vae": "GLM-Image's VAE",
+           "text_encoder": "GLM-Image's glyph encoder (T5EncoderModel)"}
 #: the pipeline's defaults when its signature cannot be read (diffusers 0.37 - 0.42: 50 steps, guidance 1.5)
 FALLBACK_DEFAULTS = {"steps": 50, "guidance": 1.5}
 PIXELS_PER_PRIOR = 32  # pixels per large-grid token: 2x upsampling x VAE scale 8 x patch 2 in the release
@@ -178,25 +182,43 @@ def upsample(prior: torch.Tensor) -> torch.Tensor:
 
 
 class GlmDiT:
-    """The loaded DiT stage: :meth:`decode` turns the large grid of prior tokens and the prompts into images by
-    calling ``GlmImagePipeline`` (built once from the parts, the AR slots empty)."""
+    """The DiT stage: :meth:`decode` turns the large grid of prior tokens and the prompts into images by calling
+    ``GlmImagePipeline`` (built from the parts, the AR slots empty).  What it is (its configs, the pipeline's
+    defaults, its weights' size) is read at :meth:`load`; the weights come in at the first decode (:meth:`enter`)
+    and can leave between turns (:meth:`park` to system memory, :meth:`drop` out of memory: the next
+    :meth:`enter` reads them again), so the AR stage and the DiT need not be in memory together
+    (:mod:`..loaders.stages`)."""
 
-    def __init__(self, parts: dict, classes: dict, source: str = ""):
-        self.parts, self.source = parts, source
-        pipe = classes["pipeline"](processor=None, vision_language_encoder=None, **parts)
-        pipe.set_progress_bar_config(disable=True)
-        self.pipeline = pipe
+    def __init__(self, where: dict, classes: dict, device, dtype: torch.dtype, source: str = ""):
+        self.where, self.classes, self.source = where, classes, source
+        self.target, self.weights_dtype = torch.device(device), dtype
+        self.config = self._config("transformer")
+        vae = self._config("vae")
         self.defaults = pipeline_defaults(classes["pipeline"])
         self.version = classes["version"]
-        self.pixels_per_prior = 2 * pipe.vae_scale_factor * parts["transformer"].config.patch_size
-        self.codes = parts["transformer"].config.prior_vq_quantizer_codebook_size
+        # as GlmImagePipeline computes them: 2 ** (VAE levels - 1), 2x upsampled prior tokens of patch_size
+        self.vae_scale_factor = 2 ** (len(vae.get("block_out_channels") or [0] * 4) - 1)
+        self.pixels_per_prior = 2 * self.vae_scale_factor * int(self.config.get("patch_size", 0))
+        self.codes = int(self.config.get("prior_vq_quantizer_codebook_size", 0))
+        self.width = int(self.config.get("num_attention_heads", 0)) * int(self.config.get("attention_head_dim", 0))
+        self.first_channels = int((vae.get("block_out_channels") or [0])[0])
+        self.tokenizer = hf_call(lambda: classes["tokenizer"].from_pretrained(
+            str(where["tokenizer"]), local_files_only=True), where["tokenizer"], "GLM-Image's ByT5 tokenizer")
+        self.scheduler = hf_call(lambda: classes["scheduler"].from_pretrained(
+            str(where["scheduler"]), local_files_only=True), where["scheduler"], "GLM-Image's scheduler")
+        self.parts: dict | None = None  # the modules, while in memory
+        self.pipeline = None
+
+    def _config(self, part: str) -> dict:
+        return read_json(self.where[part] / "config.json")  # one error naming the file if it is not JSON
 
     @classmethod
     def load(cls, release: str | pathlib.Path | None = None, device="cpu", dtype: torch.dtype = torch.float32,
-             **folders) -> "GlmDiT":
-        """The parts from ``release`` (its ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``,
-        ``scheduler/``) or from each part's own folder (``transformer=...`` and so on, which win over the
-        release's); modules in ``dtype`` on ``device``.  diffusers is checked first, before anything is read."""
+             fill: bool = True, **folders) -> "GlmDiT":
+        """The stage of ``release`` (its ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``,
+        ``scheduler/``) or of each part's own folder (``transformer=...`` and so on, which win over the
+        release's), its modules in ``dtype`` on ``device``: read now (``fill``) or at the first decode.
+        diffusers is checked first, before anything is read."""
         classes = diffusers_classes()
         unknown = set(folders) - set(PARTS)
         if unknown:
@@ -211,53 +233,103 @@ class GlmDiT:
                                       f"({path if path is not None else 'no release folder given'}); the release "
                                       f"has {', '.join(p + '/' for p in PARTS)}")
             where[part] = path
-        modules = {"transformer": "GLM-Image's DiT (GlmImageTransformer2DModel)", "vae": "GLM-Image's VAE",
-                   "text_encoder": "GLM-Image's glyph encoder (T5EncoderModel)"}
-        parts = {}
-        for part, what in modules.items():
-            path = where[part]
-            files = [f for f in path.iterdir() if f.is_file()]
-            typed = {"dtype" if part == "text_encoder" else "torch_dtype": dtype}  # transformers 5 / diffusers
-            parts[part] = hf_call(lambda c=classes[part], p=path, t=typed: c.from_pretrained(
-                str(p), use_safetensors=True, local_files_only=True, **t), path, what, files)
-        parts["tokenizer"] = hf_call(lambda: classes["tokenizer"].from_pretrained(
-            str(where["tokenizer"]), local_files_only=True), where["tokenizer"], "GLM-Image's ByT5 tokenizer")
-        parts["scheduler"] = hf_call(lambda: classes["scheduler"].from_pretrained(
-            str(where["scheduler"]), local_files_only=True), where["scheduler"], "GLM-Image's scheduler")
-        for part in modules:
-            parts[part] = parts[part].to(device).eval()
-        dit = cls(parts, classes, str(release or where["transformer"]))
+        for part in MODULES:
+            if not any(f.suffix == ".safetensors" for f in weight_files(where[part])):
+                pickled = sorted(f.name for f in where[part].iterdir() if f.suffix in (".bin", ".pt", ".pth"))
+                found = f"pickled weights only ({', '.join(pickled)}), which are not loaded" if pickled else \
+                    "no weights: the download is incomplete"
+                raise CheckpointError(f"{where[part]}: {MODULES[part]} is read from safetensors files; this folder "
+                                      f"has {found}")
+        dit = cls(where, classes, device, dtype, str(release or where["transformer"]))
         if dit.pixels_per_prior != PIXELS_PER_PRIOR:
             raise CheckpointError(f"{where['transformer']}: GLM-Image's DiT makes {dit.pixels_per_prior} px per "
-                                  f"prior token (2 x VAE scale {dit.pipeline.vae_scale_factor} x patch size "
-                                  f"{parts['transformer'].config.patch_size}); the AR stage's prior tokens are "
+                                  f"prior token (2 x VAE scale {dit.vae_scale_factor} x patch size "
+                                  f"{dit.config.get('patch_size')}); the AR stage's prior tokens are "
                                   f"{PIXELS_PER_PRIOR} px each")
+        if fill:
+            dit.enter()
         return dit
+
+    def weight_files(self) -> list[pathlib.Path]:
+        """The safetensors files the stage's modules are read from (the DiT's, the VAE's, the glyph encoder's)."""
+        return [f for part in MODULES for f in weight_files(self.where[part])]
+
+    def weight_bytes(self) -> int:
+        """The stage's weights in memory, in its dtype (read from the files' headers)."""
+        from ..loaders.storage import file_weight_bytes
+
+        return file_weight_bytes(self.weight_files(), self.weights_dtype)
+
+    def _transformer(self) -> torch.nn.Module:
+        """The 7B DiT built with its parameters on the meta device and given the files' tensors (one copy of
+        the weights in memory, without accelerate, whatever dtype is asked)."""
+        folder, cls = self.where["transformer"], self.classes["transformer"]
+        files = checked_weight_files(folder)
+        if any(f.suffix != ".safetensors" for f in files):
+            raise CheckpointError(f"{folder}: GLM-Image's DiT is read from safetensors only (pickled weights are "
+                                  "not loaded)")
+        model = hf_call(lambda: empty_model(cls.from_config, dict(self.config)), folder, MODULES["transformer"])
+        assign_weights(model, read_weights(files, self.weights_dtype), folder, MODULES["transformer"])
+        return model.to(self.weights_dtype)
+
+    def enter(self) -> None:
+        """The modules on the device, read from the files if they are not in memory."""
+        if self.parts is None:
+            parts = {"transformer": self._transformer()}
+            for part in ("vae", "text_encoder"):
+                path = self.where[part]
+                files = [f for f in path.iterdir() if f.is_file()]
+                typed = {"dtype" if part == "text_encoder" else "torch_dtype": self.weights_dtype}
+                parts[part] = hf_call(lambda c=self.classes[part], p=path, t=typed: c.from_pretrained(
+                    str(p), use_safetensors=True, local_files_only=True, **t), path, MODULES[part], files)
+            for part, module in parts.items():
+                parts[part] = module.to(self.target).eval()
+            self.parts = parts
+            self.pipeline = self.classes["pipeline"](processor=None, vision_language_encoder=None,
+                                                     tokenizer=self.tokenizer, scheduler=self.scheduler, **parts)
+            self.pipeline.set_progress_bar_config(disable=True)
+        elif self.device != self.target:
+            for module in self.parts.values():
+                module.to(self.target)
+
+    def park(self) -> None:
+        """The modules in system memory (back on the device at the next :meth:`enter`)."""
+        if self.parts is not None:
+            for module in self.parts.values():
+                module.to("cpu")
+
+    def drop(self) -> None:
+        """The modules out of memory (read again at the next :meth:`enter`)."""
+        self.parts = self.pipeline = None
 
     @property
     def modules(self) -> dict[str, torch.nn.Module]:
+        """The modules while in memory (none otherwise)."""
+        if self.parts is None:
+            return {}
         return {"glm_image_dit": self.parts["transformer"], "glm_image_vae": self.parts["vae"],
                 "glm_image_glyph_encoder": self.parts["text_encoder"]}
 
     @property
     def device(self) -> torch.device:
+        """Where the modules are (where they go at :meth:`enter` while they are not in memory)."""
+        if self.parts is None:
+            return self.target
         return next(self.parts["transformer"].parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.parts["transformer"].parameters()).dtype
+        return self.weights_dtype
 
     def bytes_per_image(self, rows: int, cols: int, guidance: float | None = None) -> int:
         """An estimate of one image's peak activations for a ``rows x cols`` large grid: the larger of the DiT's
         (a block's live ``[tokens, width]`` tensors, twice under guidance) and the VAE decoder's."""
         guidance = self.defaults["guidance"] if guidance is None else guidance
-        tr, vae = self.parts["transformer"].config, self.parts["vae"].config
         tokens = rows * cols * 4  # the upsampled prior tokens, one per DiT patch
-        width = tr.num_attention_heads * tr.attention_head_dim
         itemsize = self.dtype.itemsize
-        dit = (2 if guidance > 1 else 1) * DIT_LIVE_TENSORS * tokens * width * itemsize
+        dit = (2 if guidance > 1 else 1) * DIT_LIVE_TENSORS * tokens * self.width * itemsize
         pixels = rows * cols * self.pixels_per_prior ** 2
-        return max(dit, decoder_bytes(pixels, vae.block_out_channels[0], itemsize))
+        return max(dit, decoder_bytes(pixels, self.first_channels, itemsize))
 
     def check_prior(self, prior: torch.Tensor) -> None:
         if not isinstance(prior, torch.Tensor) or prior.dim() != 3 or prior.is_floating_point():
@@ -290,6 +362,7 @@ class GlmDiT:
         if isinstance(guidance, bool) or not isinstance(guidance, (int, float)) or not guidance >= 0:
             raise ValueError(f"guidance must be a number >= 0 (got {guidance!r})")
         rows, cols = prior.shape[1:]
+        self.enter()  # the weights in memory, on the device (a no-op when they are)
         callback = None
         if progress is not None:
             def callback(pipe, i, t, kwargs):

@@ -175,9 +175,10 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 
 
 def weight_files(folder: pathlib.Path) -> list[pathlib.Path]:
-    """A transformers folder's weight files: the shards its index names, else its
+    """A transformers (or diffusers) folder's weight files: the shards its index names, else its
     safetensors files, else its ``pytorch_model*.bin``."""
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+    for index in ("model.safetensors.index.json", "diffusion_pytorch_model.safetensors.index.json",
+                  "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
             shards = read_json(folder / index).get("weight_map") or {}
             return [folder / name for name in sorted(set(shards.values()))]

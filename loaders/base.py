@@ -36,6 +36,8 @@ class LoadedModel:
     warnings: list[str] = field(default_factory=list)
     #: how its weights are stored (``storage.Storage``), set by ``detect.load_model``
     storage: object = None
+    #: a model of stages that take turns in memory (``stages.Turns``: "sampling", "decoding"); None: one stage
+    turns: object = None
 
     @property
     def resolution(self) -> int | None:

@@ -60,8 +60,10 @@ from ..sampling.adapter import TokenLayout
 from ..sampling.config import ConfigError
 from .family import Detected, Family, LoadOptions, transformers_config
 from .generation_config import REFUSED
+from . import stages
 from .hf_cache import StaticCache, TransformersAdapter
-from .storage import full_dtype, place
+from .sizing import stage_wait
+from .storage import file_weight_bytes, full_dtype, place
 
 FAMILY_NAME = "glm_image"
 ENCODER, PROCESSOR = "vision_language_encoder", "processor"
@@ -307,6 +309,13 @@ class GlmImageAdapter(TransformersAdapter):
         self._prompts: dict[str, list[int]] = {}
         #: the prompts of the last prefill (sampling or scoring): what :class:`PriorDecode` decodes for
         self.last_prompts: list[str] | None = None
+        #: the stages' turns in memory (:func:`stages_of`), None: the AR stage alone, always in memory
+        self.turns: stages.Turns | None = None
+
+    def prefill(self, conditions, negatives, guided):
+        if self.turns is not None:  # the AR model back on the device, the DiT out of the way
+            self.turns.turn("sampling")
+        return super().prefill(conditions, negatives, guided)
 
     def prompt_inputs(self, prompt: str) -> dict:
         """What ``GlmImagePipeline.generate_prior_tokens`` gets from the processor for ``prompt`` (one sample)."""
@@ -404,7 +413,46 @@ class PriorDecode:
     def __call__(self, tokens: torch.Tensor, prompts=None, progress=None) -> torch.Tensor:
         prior = self.prior(tokens)
         prompts = self.prompts_for(len(prior)) if prompts is None else list(prompts)
+        if self.adapter.turns is not None:  # the DiT on the device, the AR model out of the way
+            self.adapter.turns.turn("decoding")
         return self.dit.decode(prior, prompts, self.steps, self.guidance, self.seed, progress or self.progress)
+
+
+def ar_weight_bytes(encoder: pathlib.Path, dtype, device) -> int:
+    """The AR stage's weights in ``dtype`` on ``device`` (the language model and head: what :func:`load_model`
+    reads), from the shards' headers."""
+    return file_weight_bytes(checked_weight_files(encoder), dtype, device, keep=lambda k: k.startswith(KEEP))
+
+
+def stages_of(model: GlmImageAR, dit: "glm_dit.GlmDiT", encoder: pathlib.Path, device, dtype, wait: str,
+              ar_bytes: int) -> stages.Turns:
+    """The AR stage ("sampling": ``model``, read again from ``encoder`` in ``dtype`` when it comes back from
+    the files) and the DiT ("decoding": ``dit``) taking turns as ``wait`` says; the AR stage is in memory."""
+    from . import offload
+
+    target = torch.device(device)
+
+    def resident():  # an offloaded model's blocks stay in system memory: its other parts move
+        streams = offload.streams_of(model)
+        return offload.resident_parts(model, streams.layers) if streams else [model]
+
+    def enter():
+        if stages.on_meta(model):
+            stages.adopt(model, load_model(encoder, device, dtype)[0])
+        else:
+            for m in resident():
+                m.to(target)
+
+    def park():
+        for m in resident():
+            m.to("cpu")
+
+    def drop():
+        park() if offload.streams_of(model) else stages.drop(model)
+
+    ar = stages.Stage("sampling", ar_bytes, enter, park, drop)
+    diffusion = stages.Stage("decoding", dit.weight_bytes(), dit.enter, dit.park, dit.drop)
+    return stages.Turns([ar, diffusion], wait, active="sampling")
 
 
 def load_processor(encoder: pathlib.Path):
@@ -441,28 +489,37 @@ def load(path, device="cpu", dtype=torch.float32, width=None, height=None):
     width, height = width or height, height or width
     check_size(width, height)
     sampling = release_sampling(encoder)  # before the weights are read
+    # the DiT is read at its first turn; whether the stages fit together is asked before either is read
+    dit = None if missing else glm_dit.GlmDiT.load(encoder.parent, device, full_dtype(dtype, device), fill=False)
+    if dit is not None:
+        ar_bytes = ar_weight_bytes(encoder, dtype, device)
+        wait = stage_wait({"the AR model": ar_bytes, "the DiT": dit.weight_bytes()}, device,
+                          dit.bytes_per_image(*grids(width, height)[1]))
     model, config = load_model(encoder, device, dtype)
     codes = codebook(encoder)
-    dit = None if missing else glm_dit.GlmDiT.load(encoder.parent, device, full_dtype(dtype, device))
+    turns = None if dit is None else stages_of(model, dit, encoder, device, dtype, wait, ar_bytes)
 
     def build(size) -> LoadedModel:
         w, h = (size, size) if isinstance(size, int) else size
         check_size(w, h)
         adapter = GlmImageAdapter(model, processor, w, h, config, sampling, codes)
+        adapter.turns = turns
         info = {"resolution": w if w == h else None, "width": w, "height": h, "grid": adapter.layout.grid,
                 "preview_grid": adapter.preview, "prior_grid": adapter.large, "processor": str(where)}
+        # the modules ComfyUI's memory manager moves: the AR stage's (the DiT's come and go with its turns)
+        modules = {"glm_image_ar": model}
         if dit is None:
             info["no_decoder"] = no_decoder(missing)
-            decode, modules, per_image = None, {"glm_image_ar": model}, 0
+            decode, per_image = None, 0
         else:
             decode = PriorDecode(dit, adapter)
             info.update(dit_steps=decode.steps, dit_guidance=decode.guidance, dit_seed=decode.seed,
-                        diffusers=dit.version)
-            modules, per_image = {"glm_image_ar": model, **dit.modules}, dit.bytes_per_image(*adapter.large)
+                        diffusers=dit.version, stages=turns.wait)
+            per_image = dit.bytes_per_image(*adapter.large)
         name = f"GLM-Image ({release.name})" if dit is not None else f"GLM-Image AR ({release.name})"
         return LoadedModel(family=FAMILY_NAME, name=name, adapter=adapter, decode=decode, condition="text",
                            resolutions=tuple(sorted({*SIZES, w, h})), resize=build, info=info, modules=modules,
-                           decode_bytes_per_image=per_image)
+                           decode_bytes_per_image=per_image, turns=turns)
 
     return build((width, height))
 

@@ -6,7 +6,8 @@ quantizes and offload streams) and the rest (embeddings, head, norms, image mode
 the card holds both; offloaded, system memory holds the blocks and the card the rest plus two blocks
 (the one running and the next one's copy, :mod:`.offload`).  :func:`plans` gives every option's
 figures for a card and the largest batch each leaves room for; :func:`choose` is the loader's memory
-check (the storage to load with, or one error naming what fits, offloaded options included).
+check (the storage to load with, or one error naming what fits, offloaded options included);
+:func:`stage_wait` says how a model of several stages takes turns in memory (:mod:`.stages`).
 """
 from __future__ import annotations
 
@@ -147,3 +148,30 @@ def choose(files, dtype, device, what: str, offload: bool = False) -> Storage:
     where = "system memory (offload)" if offload else dev.type
     raise ConfigError(f"{what} in {storage.name} needs about {gb(need)} of weights, {where} has {gb(free)} "
                       f"free: {advice}{offloaded}")
+
+
+def stage_wait(stages: dict[str, int], device, per_image: int = 0, card: int | None = None,
+               system: int | None = None) -> str:
+    """How the stages of a model (weights in bytes, by name) take turns on ``device`` (:mod:`.stages`): ``"none"``
+    when they fit its free memory together with ``per_image`` bytes of work, ``"system"`` on a GPU that holds the
+    largest stage alone while system memory holds the others, ``"files"`` where one stage at a time is all any
+    memory holds; one error naming the stages' sizes and what is free when the largest does not fit alone.
+    ``card`` / ``system``: free bytes (default: what is free now)."""
+    dev = torch.device(device)
+    card = memory.free_bytes(dev) if card is None else card
+    if card is None:
+        return "none"  # nothing to read the free memory from: as if they fit
+    largest = max(stages.values())
+    if sum(stages.values()) + per_image <= HEADROOM * card:
+        return "none"
+    if largest + per_image > HEADROOM * card:
+        sizes = ", ".join(f"{name} {gb(n)}" for name, n in stages.items())
+        where = "the GPU" if dev.type == "cuda" else "system memory"
+        raise ConfigError(f"the model's stages take turns in memory, and the largest does not fit alone: {sizes} of "
+                          f"weights and {gb(per_image)} of work per image, {where} has {gb(card)} free: free memory "
+                          "(close other programs or models) or store the weights in fewer bits (dtype)")
+    if dev.type != "cuda":
+        return "files"
+    system = memory.free_bytes("cpu") if system is None else system
+    waiting = sum(stages.values()) - min(stages.values())  # the others, while the smallest runs
+    return "system" if system is not None and waiting <= HEADROOM * system else "files"

@@ -417,11 +417,13 @@ def stored_tensor_bytes(name: str, shape, storage: Storage, full_bytes: int) -> 
     return n * full_bytes
 
 
-def file_weight_bytes(files, dtype, device="cpu") -> int:
+def file_weight_bytes(files, dtype, device="cpu", keep=None) -> int:
     """Bytes the tensors in ``files`` take once loaded as ``dtype`` (read from the
-    files' headers: safetensors headers, or pickles memory-mapped)."""
+    files' headers: safetensors headers, or pickles memory-mapped); ``keep(name)``: only
+    the tensors it accepts (those a loader reads)."""
     from ..formats.checkpoints import peek
 
     storage = resolve(dtype)
     full = full_dtype(storage, device).itemsize
-    return int(sum(stored_tensor_bytes(name, shape, storage, full) for f in files for name, shape in peek(f).items()))
+    return int(sum(stored_tensor_bytes(name, shape, storage, full) for f in files for name, shape in peek(f).items()
+                   if keep is None or keep(name)))

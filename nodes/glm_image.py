@@ -76,7 +76,10 @@ class GlmDiTDecode(io.ComfyNode):
         except ValueError as err:
             raise ValueError(f"tokens: {err}") from None
         mm.throw_exception_if_processing_interrupted()
-        model.ready(memory_required=loaded.decode_bytes_per_image)
+        # the DiT's turn: room for its weights and one image's work made among ComfyUI's models, then the AR
+        # stage moves out of the way as the model's stages wait (loaders/stages.py) and the DiT comes in
+        mm.free_memory(decode.dit.weight_bytes() + loaded.decode_bytes_per_image, loaded.device)
+        loaded.turns.turn("decoding")
         steps, n = values["steps"], len(grid)
         bar = comfy.utils.ProgressBar(steps * n)
         finished = [0]  # images decoded by earlier chunks

@@ -67,6 +67,8 @@ class ARModelHandle:
         int8 / float8 bytes are buffers ComfyUI does not stream; offload streams
         its blocks itself)."""
         loaded = self.loaded
+        if loaded.turns is not None:  # a model of stages: the sampling one back on the device first
+            loaded.turns.turn("sampling")
         if self.patcher is not None:
             import comfy.model_management as mm
 
@@ -187,6 +189,15 @@ def _patcher(loaded, device):
     return comfy.model_patcher.ModelPatcher(modules, load_device=device, offload_device=mm.unet_offload_device())
 
 
+def forget(patcher) -> None:
+    """ComfyUI's memory manager forgets ``patcher``'s model, which left the device by itself (a stage's turn,
+    :mod:`..loaders.stages`): it is loaded again, as new, at its next use."""
+    import comfy.model_management as mm
+
+    for entry in [e for e in mm.current_loaded_models if e.model is patcher]:
+        mm.current_loaded_models.remove(entry)
+
+
 def download_root():
     """Where releases are downloaded: the first spec_ar model folder (ComfyUI's models/spec_ar)."""
     paths = folders()
@@ -283,7 +294,10 @@ class LoadARImageModel(io.ComfyNode):
         def load():
             loaded = load_model(path, vq_path, t5, None, dev, dtype, offload=bool(offload),
                                 decode_path=decode_path or "auto")
-            return loaded, _patcher(loaded, dev)
+            patcher = _patcher(loaded, dev)
+            if loaded.turns is not None:
+                loaded.turns.on_leave.append(lambda stage, kind: stage == "sampling" and forget(patcher))
+            return loaded, patcher
 
         return io.NodeOutput(ARModelHandle(*load(), path, reload=load))
 

@@ -61,7 +61,9 @@ def pipeline_images(pipeline, tokens, adapter, prompts, seed, steps, guidance=1.
 def test_the_release_with_its_dit_loads_a_decoder(model):
     assert model.decode is not None and "no_decoder" not in model.info
     assert model.info["dit_steps"] == 50 and model.info["dit_guidance"] == 1.5  # the pipeline's own defaults
-    assert {"glm_image_ar", "glm_image_dit", "glm_image_vae", "glm_image_glyph_encoder"} <= set(model.modules)
+    assert set(model.modules) == {"glm_image_ar"}  # what ComfyUI's manager moves; the DiT comes and goes by turns
+    assert model.turns is model.adapter.turns and set(model.turns.stages) == {"sampling", "decoding"}
+    assert model.info["stages"] == "none"  # the tiny stages fit together here
     assert model.decode_bytes_per_image > 0 and model.decode.stage == "GLM-Image DiT Decode"  # the sampler leaves it
     assert model.name.startswith("GLM-Image (")
 
@@ -187,7 +189,8 @@ def test_pickled_weights_are_refused(folder, tmp_path):
     vae = bad / "vae"
     (vae / "diffusion_pytorch_model.safetensors").unlink()
     (vae / "diffusion_pytorch_model.bin").write_bytes(b"not read")
-    with pytest.raises(CheckpointError, match=r"vae: cannot be loaded as GLM-Image's VAE"):
+    with pytest.raises(CheckpointError, match=r"vae: GLM-Image's VAE is read from safetensors files; this folder "
+                                              r"has pickled weights only \(diffusion_pytorch_model.bin\)"):
         load_model(bad, width=WIDTH, height=HEIGHT)
 
 
@@ -263,3 +266,31 @@ def test_the_dits_settings_for_a_model_without_a_dit_are_refused_before_loading(
     err = capsys.readouterr().err
     assert "--dit-steps is a setting of GLM-Image's DiT stage" in err and "no transformer/" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_stages_take_turns_through_their_files_and_the_images_do_not_change(folder, pipeline, monkeypatch):
+    """Where no memory holds both stages (``"files"``): the AR model leaves memory while the DiT runs and the DiT
+    while the AR model samples, each read again at its turn, and the images are the pipeline's, turn after turn."""
+    from spec_ar.loaders import stages
+
+    monkeypatch.setattr(glm_image, "stage_wait", lambda *a, **k: "files")
+    model = load_model(folder, width=WIDTH, height=HEIGHT)
+    ar, dit, turns = model.adapter.model, model.decode.dit, model.turns
+    assert turns.wait == model.info["stages"] == "files" and dit.parts is None  # the DiT read at its first turn
+    head = ar.lm_head.weight.detach().clone()
+    seen = []
+
+    def watch(done, steps):  # during the DiT's steps: the AR model out of memory
+        seen.append((stages.on_meta(ar), dit.parts is not None))
+
+    model.decode.progress = watch
+    for round in range(2):
+        res = SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd")).generate(PROMPTS, seeds=round)
+        assert dit.parts is None and not stages.on_meta(ar)  # sampled with the AR model back, the DiT gone
+        images = model.decode_images(res.image_tokens(model.adapter.layout))
+        expected = pipeline_images(pipeline, res.tokens, model.adapter, PROMPTS, 0, 50)
+        torch.testing.assert_close(images, expected.float(), rtol=0, atol=1e-5)
+    assert set(seen) == {(True, True)} and len(seen) == 2 * 50
+    turns.turn("sampling")
+    assert torch.equal(ar.lm_head.weight, head) and dit.parts is None  # read again, the same weights
+    assert turns.moves == {"enter": 4, "park": 0, "drop": 4}

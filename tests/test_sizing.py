@@ -97,3 +97,24 @@ def test_the_cards_bench_sizes_the_full_depth_from_a_fraction_of_the_layers(tmp_
             assert r["batch"] * need <= room < (r["batch"] + 1) * need or (room < 0 and r["batch"] == 0), r
     assert not [r for r in report["rows"] if r["storage"] == "nf4" and r["offload"]]
     assert {r["batch"] > 0 for r in report["rows"]} == {True, False}  # the sizes chosen so that some fit
+
+
+@pytest.mark.parametrize("device,card,system,wait", [
+    ("cpu", 100, None, "none"),  # 18 + 14 + 2 = 34 GB within 90 % of 100
+    ("cpu", 24, None, "files"),  # one stage at a time: 18 + 2 within 90 % of 24
+    ("cuda", 24, 64, "system"),  # the card holds one, system memory the other
+    ("cuda", 24, 16, "files"),  # system memory cannot hold the 18 GB AR model while the DiT runs
+    ("cuda", 40, 8, "none"),
+])
+def test_stages_wait_where_the_memory_there_is_holds_them(device, card, system, wait):
+    gb = 10**9
+    stages = {"the AR model": 18 * gb, "the DiT": 14 * gb}
+    assert sizing.stage_wait(stages, device, 2 * gb, card=card * gb,
+                             system=None if system is None else system * gb) == wait
+
+
+def test_stages_whose_largest_does_not_fit_alone_get_one_error_naming_them():
+    gb = 10**9
+    with pytest.raises(ConfigError, match=r"the AR model 18\.0 GB, the DiT 14\.0 GB of weights .* the GPU has "
+                                          r"16\.0 GB free"):
+        sizing.stage_wait({"the AR model": 18 * gb, "the DiT": 14 * gb}, "cuda", card=16 * gb, system=64 * gb)
