@@ -11,7 +11,10 @@ blocks where the folder has fewer (the full shape at a fraction of its layers, w
 spec_ar.bench.scale_checkpoints --layers``): the blocks' weights and the KV cache grow with the layer count,
 nothing else does.  ``--link``: the host link an offloaded forward streams its blocks over (default 25 GB/s,
 PCIe 4.0 x16 as measured by users; the H100 here measured 55 GB/s on PCIe 5), for the floor of a forward.
-Writes ``cards.json`` and ``report.md`` into ``--out``.
+A model of stages that take turns in memory (GLM-Image: the AR model, then the DiT) is sized stage by stage:
+each option's AR weights and batch as above, the DiT (in the full dtype) beside one image's work alone on the
+card, and how the stage not running waits (``sizing.stage_wait``: ``none``, both on the card; ``system``, in
+system memory; ``files``, read again from disk).  Writes ``cards.json`` and ``report.md`` into ``--out``.
 """
 from __future__ import annotations
 
@@ -30,9 +33,10 @@ def per_image(model, mode: str, prompt: str = "a red fox in the snow") -> dict[s
 
 
 def main(argv=None) -> int:
-    from ..loaders.detect import load_model
-    from ..loaders.sizing import plans, split
+    from ..loaders.detect import BY_NAME, detect, load_model
+    from ..loaders.sizing import plans, split, stage_wait
     from ..loaders.storage import checkpoint_files
+    from ..sampling.config import ConfigError
 
     ap = argparse.ArgumentParser(prog="spec-ar bench cards", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,21 +54,32 @@ def main(argv=None) -> int:
 
     model = load_model(args.model, width=args.width, height=args.height, dtype="bfloat16")
     image = per_image(model, args.mode)
-    files = checkpoint_files(args.model)
-    present = split(files, "bfloat16").count
+    hit = detect(args.model)
+    files, keep = checkpoint_files(hit.path), BY_NAME[hit.family].reads  # what the loader reads
+    present = split(files, "bfloat16", keep=keep).count
     grow = (args.layers or present) / present
     image["KV cache"] = int(image["KV cache"] * grow)  # a layer's cache per layer
     need = sum(image.values())
+    dit = model.decode.dit if model.turns is not None else None  # the second stage's weights and one image's work
+    dit_bytes, dit_image = (dit.weight_bytes(), model.decode_bytes_per_image) if dit is not None else (0, 0)
     rows = []
     for size in args.cards:
-        for p in plans(files, size * GB, args.system * GB, need, args.storages, blocks=args.layers):
+        for p in plans(files, size * GB, args.system * GB, need, args.storages, blocks=args.layers, keep=keep):
             system = p.system / GB
-            rows.append({"card_gb": size, "storage": p.storage, "offload": p.offload, "weights_gb": p.card / GB,
-                         "system_gb": system, "streamed_ms": system / args.link * 1e3 if p.offload else None,
-                         "batch": p.batch})
+            row = {"card_gb": size, "storage": p.storage, "offload": p.offload, "weights_gb": p.card / GB,
+                   "system_gb": system, "streamed_ms": system / args.link * 1e3 if p.offload else None,
+                   "batch": p.batch}
+            if dit is not None:
+                try:
+                    row["stages"] = stage_wait({"AR": p.card, "DiT": dit_bytes}, "cuda", dit_image, card=size * GB,
+                                               system=args.system * GB - p.system)
+                except ConfigError:  # the DiT does not fit the card even alone
+                    row["stages"], row["batch"] = None, 0
+            rows.append(row)
     report = {"model": str(args.model), "layers": args.layers or present, "layers_in_folder": present,
               "width": args.width, "height": args.height, "mode": args.mode, "system_gb": args.system,
-              "link_gb_s": args.link, "per_image": image, "per_image_gb": need / GB, "rows": rows}
+              "link_gb_s": args.link, "per_image": image, "per_image_gb": need / GB, "rows": rows,
+              **({"dit_gb": dit_bytes / GB, "dit_per_image_gb": dit_image / GB} if dit is not None else {})}
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cards.json").write_text(json.dumps(report, indent=1))
@@ -87,7 +102,10 @@ def markdown(report: dict) -> str:
     image = ", ".join(f"{k} {v / GB:.2f} GB" for k, v in report["per_image"].items() if v)
     lines = [f"{report['model']}: {report['layers']} blocks (the folder has {report['layers_in_folder']}), "
              f"{report['width']}x{report['height']} px, `{report['mode']}`: per image {image}; offloaded blocks in "
-             f"{report['system_gb']:.0f} GB of system memory over a {report['link_gb_s']:.0f} GB/s link", "",
+             f"{report['system_gb']:.0f} GB of system memory over a {report['link_gb_s']:.0f} GB/s link"
+             + (f"; its second stage, the DiT, {report['dit_gb']:.1f} GB of weights and "
+                f"{report['dit_per_image_gb']:.2f} GB per image, taking turns with it (stages: where the one not "
+                "running waits)" if "dit_gb" in report else ""), "",
              "| card | answer | weights on the card | in system memory | batch | every option that fits (batch) |",
              "|---|---|---|---|---|---|"]
     for size in dict.fromkeys(r["card_gb"] for r in report["rows"]):
@@ -105,4 +123,5 @@ def markdown(report: dict) -> str:
 
 
 def _label(r: dict) -> str:
-    return r["storage"] + (" + offload" if r["offload"] else "")
+    return r["storage"] + (" + offload" if r["offload"] else "") + (f", stages: {r['stages']}" if r.get("stages")
+                                                                     else "")

@@ -87,7 +87,7 @@ def load_model(path, vq=None, text_encoder=None, resolution=None, device="cpu", 
             raise ValueError(f"width and height must be equal for {hit.family} models (got {width}x{height})")
         resolution = width or height
     files = [f for p in (hit.path, vq, text_encoder) if p for f in checkpoint_files(p)]
-    chosen = choose(files, dtype, device, f"{hit.path.name} ({hit.family})", offload)
+    chosen = choose(files, dtype, device, f"{hit.path.name} ({hit.family})", offload, keep=family.reads)
     if offload and chosen.name == "nf4":
         raise ConfigError("dtype 'nf4' cannot be offloaded: bitsandbytes keeps 4-bit weights on the GPU; with offload "
                           "use bfloat16, float16, int8 or fp8 (int8 streams half the bytes of bfloat16)")

@@ -51,6 +51,8 @@ class Family:
     load: Callable[[Detected, LoadOptions], "LoadedModel"]
     #: makes square images only: a width and height given must agree and become its resolution
     square: bool = True
+    #: the tensors of its files the loader reads, by name (None: all of them): what the memory check counts
+    reads: Callable[[str], bool] | None = None
 
 
 class NotAModel(CheckpointError):

@@ -421,7 +421,7 @@ class PriorDecode:
 def ar_weight_bytes(encoder: pathlib.Path, dtype, device) -> int:
     """The AR stage's weights in ``dtype`` on ``device`` (the language model and head: what :func:`load_model`
     reads), from the shards' headers."""
-    return file_weight_bytes(checked_weight_files(encoder), dtype, device, keep=lambda k: k.startswith(KEEP))
+    return file_weight_bytes(checked_weight_files(encoder), dtype, device, keep=reads)
 
 
 def stages_of(model: GlmImageAR, dit: "glm_dit.GlmDiT", encoder: pathlib.Path, device, dtype, wait: str,
@@ -528,8 +528,13 @@ def _load(hit: Detected, o: LoadOptions):
     return load(hit.path, o.device, o.storage or o.dtype, o.width or o.resolution, o.height or o.resolution)
 
 
+def reads(name: str) -> bool:
+    """The tensors of the AR model's shards this family reads: the language model, the head and the VQ codebook."""
+    return name.startswith(KEEP) or name == CODEBOOK
+
+
 FAMILY = Family(
-    FAMILY_NAME, detect=_detect, load=_load, square=False,
+    FAMILY_NAME, detect=_detect, load=_load, square=False, reads=reads,
     needs="a GLM-Image folder (zai-org/GLM-Image, diffusers layout: model_index.json of GlmImagePipeline, "
           "vision_language_encoder/ with config.json of model_type 'glm_image' and safetensors, processor/), or its "
           "vision_language_encoder folder with processor/ beside it, on transformers >= 5.0; with the release's "

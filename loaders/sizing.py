@@ -51,8 +51,9 @@ class Split:
         return Split(self.resident, int(self.blocks * count / self.count), self.largest, count)
 
 
-def split(files, dtype, device="cuda") -> Split:
-    """The weights of ``files`` as ``dtype`` stores them on ``device`` (read from the headers)."""
+def split(files, dtype, device="cuda", keep=None) -> Split:
+    """The weights of ``files`` as ``dtype`` stores them on ``device`` (read from the headers); ``keep(name)``:
+    only the tensors the loader reads."""
     from ..formats.checkpoints import peek
 
     storage = resolve(dtype)
@@ -60,6 +61,8 @@ def split(files, dtype, device="cuda") -> Split:
     resident, blocks = 0.0, {}
     for f in files:
         for name, shape in peek(f).items():
+            if keep is not None and not keep(name):
+                continue
             size = stored_tensor_bytes(name, shape, storage, full)
             block = BLOCK.search(name)
             if block and not NEVER.search(name):
@@ -83,14 +86,15 @@ class Plan:
 
 
 def plans(files, card: int, system: int | None = None, per_image: int = 0,
-          storages=("bfloat16", "int8", "fp8", "nf4"), blocks: int | None = None) -> list[Plan]:
+          storages=("bfloat16", "int8", "fp8", "nf4"), blocks: int | None = None, keep=None) -> list[Plan]:
     """For a card of ``card`` bytes (and ``system`` bytes of system memory, None: not limited): every
     option of ``storages``, whole and (where it can) offloaded, with the batch of ``per_image`` bytes each
     leaves room for (the largest that fits :data:`HEADROOM` of the card; with ``per_image`` 0, 1 when the
-    weights fit); ``blocks``: sized as that many blocks deep (:meth:`Split.with_blocks`)."""
+    weights fit); ``blocks``: sized as that many blocks deep (:meth:`Split.with_blocks`); ``keep``: as
+    :func:`split`."""
     out = []
     for name in storages:
-        s = split(files, STORAGES[name])
+        s = split(files, STORAGES[name], keep=keep)
         s = s.with_blocks(blocks) if blocks else s
         for offload in (False, True) if name in OFFLOADABLE else (False,):
             on_card, in_system = s.on_card(offload), s.in_system(offload)
@@ -103,10 +107,11 @@ def plans(files, card: int, system: int | None = None, per_image: int = 0,
     return out
 
 
-def offload_advice(files, storage: Storage, card_free: int, system_free: int | None) -> str:
+def offload_advice(files, storage: Storage, card_free: int, system_free: int | None, keep=None) -> str:
     """The loader's words for weights that do not fit the card: which options fit with their blocks
     offloaded, naming what each leaves on the card and puts in system memory; "" when none does."""
-    fits = [p for p in plans(files, card_free, system_free, storages=OFFLOADABLE) if p.offload and p.fits]
+    fits = [p for p in plans(files, card_free, system_free, storages=OFFLOADABLE, keep=keep)
+            if p.offload and p.fits]
     if not fits:
         return ""
     fits.sort(key=lambda p: (p.storage != storage.name, -p.card))
@@ -114,12 +119,13 @@ def offload_advice(files, storage: Storage, card_free: int, system_free: int | N
     return f"; with offload (the blocks in system memory, streamed): {named}"
 
 
-def choose(files, dtype, device, what: str, offload: bool = False) -> Storage:
+def choose(files, dtype, device, what: str, offload: bool = False, keep=None) -> Storage:
     """The storage to load ``files`` with: ``dtype`` if its weights fit ``device``'s free
     memory, else one error naming the options that do; ``auto``: bfloat16 on GPUs
     (float16 without bfloat16), on CPUs float32 while it takes at most half the free
     memory, else bfloat16 (quantized storage is never picked for the user: it is lossy).
-    ``offload``: the weights are held in system memory, so they are sized against it."""
+    ``offload``: the weights are held in system memory, so they are sized against it; ``keep(name)``: only
+    the tensors the loader reads count."""
     dev = torch.device(device)
     if offload:
         if dtype in (None, "auto"):
@@ -128,20 +134,20 @@ def choose(files, dtype, device, what: str, offload: bool = False) -> Storage:
     free = memory.free_bytes(device)
     if dtype in (None, "auto"):
         wanted = compute_dtype(device) if dev.type == "cuda" else torch.float32
-        if dev.type == "cpu" and free is not None and file_weight_bytes(files, torch.float32) > free / 2:
+        if dev.type == "cpu" and free is not None and file_weight_bytes(files, torch.float32, keep=keep) > free / 2:
             wanted = torch.bfloat16
         storage = resolve(wanted)
     else:
         storage = resolve(dtype)
-    need = file_weight_bytes(files, storage, device)
+    need = file_weight_bytes(files, storage, device, keep)
     if free is None or need <= HEADROOM * free:
         return storage
-    sizes = {name: file_weight_bytes(files, s, device) for name, s in STORAGES.items()}
+    sizes = {name: file_weight_bytes(files, s, device, keep) for name, s in STORAGES.items()}
     fits = [f"{name} ({gb(n)})" for name, n in sorted(sizes.items(), key=lambda kv: -kv[1])
             if n <= HEADROOM * free and name != storage.name]
     offloaded = ""
     if dev.type == "cuda" and not offload:  # the blocks could live in system memory instead
-        offloaded = offload_advice(files, storage, free, memory.free_bytes("cpu"))
+        offloaded = offload_advice(files, storage, free, memory.free_bytes("cpu"), keep)
     advice = (f"{' or '.join(fits)} fit{'s' if len(fits) == 1 else ''}" if fits else
               "no storage fits" + ("" if offloaded else ": free memory (close other programs or models) or use a "
                                                          "smaller model"))

@@ -294,3 +294,29 @@ def test_the_stages_take_turns_through_their_files_and_the_images_do_not_change(
     turns.turn("sampling")
     assert torch.equal(ar.lm_head.weight, head) and dit.parts is None  # read again, the same weights
     assert turns.moves == {"enter": 4, "park": 0, "drop": 4}
+
+
+def test_the_cards_bench_sizes_both_stages_and_how_they_take_turns(folder, tmp_path):
+    """``spec-ar bench cards`` on the release: the AR model's options as for any model (only the tensors the
+    family reads counted), the DiT beside one image alone on the card, and where the stage not running waits."""
+    from spec_ar.bench import cards
+    from spec_ar.loaders.storage import checkpoint_files, file_weight_bytes
+
+    def bench(card, system):
+        out = tmp_path / f"{card}-{system}"
+        cards.main(["--model", str(folder), "--width", str(WIDTH), "--height", str(HEIGHT), "--cards", str(card),
+                    "--system", str(system), "--storages", "bfloat16", "--out", str(out)])
+        return json.loads((out / "cards.json").read_text())
+
+    roomy = bench(100, 64)
+    (row,) = [r for r in roomy["rows"] if not r["offload"]]
+    assert row["stages"] == "none" and row["batch"] > 0 and roomy["dit_gb"] > 0
+    encoder = checkpoint_files(folder / glm_image.ENCODER)  # the vision encoder and VQ model are not read
+    assert row["weights_gb"] * 1e9 < file_weight_bytes(encoder, "bfloat16", "cuda")
+    ar = row["weights_gb"] + roomy["per_image_gb"]
+    dit = roomy["dit_gb"] + roomy["dit_per_image_gb"]
+    card = max(ar, dit) / 0.9 * 1.01  # each stage alone fits, not both
+    assert (row["weights_gb"] + roomy["dit_gb"] + roomy["dit_per_image_gb"]) > 0.9 * card
+    turns = {r["stages"] for r in bench(card, 64)["rows"] if not r["offload"]}
+    assert turns == {"system"}
+    assert {r["stages"] for r in bench(card, 0)["rows"] if not r["offload"]} == {"files"}
