@@ -328,7 +328,8 @@ def main(argv=None) -> int:
     ``spec-ar bench storage [options]`` (weight storage options side by side), ``spec-ar bench gpu
     [options]`` (bandwidth, 7B-class forwards against their floor, the embedded model per mode), or
     ``spec-ar bench auto-window [options]`` (the window on auto, quiet and beside busy processes), or ``spec-ar
-    bench cards [options]`` (what fits a card of each size)."""
+    bench cards [options]`` (what fits a card of each size), or ``spec-ar bench stages [options]`` (a model of
+    stages rendered with its stages taking turns in memory, measured)."""
     from ..embedded_tools.demo import PROMPTS
     from .sweeps import sweep_help
 
@@ -349,6 +350,10 @@ def main(argv=None) -> int:
         from .cards import main as cards
 
         return cards(argv[1:])
+    if argv[:1] == ["stages"]:
+        from .stages import main as stages
+
+        return stages(argv[1:])
     if argv[:1] == ["auto-window"]:
         from .auto_window import main as auto_window
 

@@ -320,3 +320,16 @@ def test_the_cards_bench_sizes_both_stages_and_how_they_take_turns(folder, tmp_p
     turns = {r["stages"] for r in bench(card, 64)["rows"] if not r["offload"]}
     assert turns == {"system"}
     assert {r["stages"] for r in bench(card, 0)["rows"] if not r["offload"]} == {"files"}
+
+
+def test_the_stages_bench_renders_in_the_sized_storage_and_measures_each_phase(folder, tmp_path, monkeypatch):
+    from spec_ar.bench import stages as bench
+
+    monkeypatch.setattr(glm_image, "stage_wait", lambda *a, **k: "files")  # as on a machine that holds one stage
+    assert bench.main(["--model", str(folder), "--width", str(WIDTH), "--height", str(HEIGHT), "--dit-steps", "1",
+                       "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "stages.json").read_text())
+    assert r["storage"] == "bfloat16" and r["card_stages"] == "none" and r["here_stages"] == "files"
+    assert r["moves"] == {"enter": 1, "park": 0, "drop": 1} and r["finite"] and r["image"] == [1, 3, HEIGHT, WIDTH]
+    assert {"load", "sampling", "decoding"} <= set(r["peak_gb"]) and r["high_water_gb"] > 0
+    assert r["forwards"] <= r["tokens"]
