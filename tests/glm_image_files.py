@@ -26,7 +26,9 @@ up to the head's ``VISION_VOCAB`` ids (16512 in the release), then the text toke
 and GLM's specials (``<sop>``, ``<eop>``, ``<|image|>``, ...).  The tokenizer's BOS is the image start, as the
 release's processor appends it.  The chat template renders a user turn's text as it is (the suffix
 ``<sop>H W<eop><sop>h w<eop><|dit_token_16384|>`` is the processor's own); the release's template is not
-reproduced, and need not be: the pack calls the release's processor, whatever template it ships.
+reproduced, and need not be: the pack calls the release's processor, whatever template it ships.  The small files'
+logic (tokenizer, processor, chat template, model index, generation config, scheduler) is the full-size writer's
+(``spec_ar.bench.scale_checkpoints.glm_image``) at these sizes.
 
 Weights are drawn from one seeded generator in name order (not from transformers' initialisation, which may change
 between releases), so the reference recorded from them (``glm_image_reference.py``) stays valid.
@@ -38,80 +40,25 @@ import pathlib
 
 import torch
 
+from spec_ar.bench.scale_checkpoints import glm_image as release
+
 CODES = 64  # image codes (16384 in the release)
 VISION_VOCAB = 80  # the head's ids (16512 in the release): codes, image start and end, more dit tokens
 START, END = CODES, CODES + 1
-WORDS = ("a red fox in snow blue sky cat on mat lighthouse at dawn photo of an astronaut riding horse mars "
-         "poster with the word hello").split()
-GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
-                "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|image|>"]
-CHAT_TEMPLATE = ("{%- for message in messages -%}{%- if message.content is string -%}{{ message.content }}"
-                 "{%- else -%}{%- for item in message.content -%}{%- if item.type == 'image' -%}"
-                 "<|dit_token_" + str(START) + "|><|image|><|dit_token_" + str(END) + "|>"
-                 "{%- elif item.type == 'text' -%}{{ item.text }}{%- endif -%}{%- endfor -%}{%- endif -%}"
-                 "{%- endfor -%}")
 TEXT = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1}
-MODEL_INDEX = {"_class_name": "GlmImagePipeline", "_diffusers_version": "0.37.0.dev0",
-               "processor": ["transformers", "GlmImageProcessor"],
-               "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-               "text_encoder": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "ByT5Tokenizer"],
-               "transformer": ["diffusers", "GlmImageTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"],
-               "vision_language_encoder": ["transformers", "GlmImageForConditionalGeneration"]}
-
-
-def dit(i: int) -> str:
-    return f"<|dit_token_{i}|>"
-
-
-def write_tokenizer_object():
-    """A fast tokenizer: dit tokens at ids 0 .. VISION_VOCAB - 1, byte-level BPE text after them, GLM's specials
-    last; ``(tokenizer, ids of the specials)``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    from .simplear_files import SPLIT, byte_symbols
-
-    vocab = {dit(i): i for i in range(VISION_VOCAB)}  # in the model's vocabulary, and added (special) below
-    vocab.update({s: VISION_VOCAB + i for i, s in enumerate(byte_symbols())})
-    merges: list[tuple[str, str]] = []
-    for word in WORDS:
-        current = word[0]
-        for ch in word[1:]:
-            if (current, ch) not in merges:
-                merges.append((current, ch))
-            current += ch
-            vocab.setdefault(current, len(vocab))
-    for word in WORDS:
-        merges.append(("Ġ", word))
-        vocab.setdefault("Ġ" + word, len(vocab))
-    from tokenizers import Regex
-
-    tok = Tokenizer(models.BPE(vocab, merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    spec = json.loads(tok.to_str())
-    first = len(vocab)
-    specials = {s: first + i for i, s in enumerate(GLM_SPECIALS)}
-    names = [(i, dit(i)) for i in range(VISION_VOCAB)] + [(i, s) for s, i in specials.items()]
-    spec["added_tokens"] = [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-                             "normalized": False, "special": True} for i, s in names]
-    return Tokenizer.from_str(json.dumps(spec)), specials
 
 
 def glm_config(vocab_size: int, specials: dict, **text) -> dict:
     """The ``GlmImageConfig`` fields of the tiny model (the release's layout, transformers' test sizes)."""
-    return {
-        "text_config": {**TEXT, **text, "vocab_size": vocab_size, "vision_vocab_size": VISION_VOCAB,
-                        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "attention_bias": True,
-                        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
-                                            "partial_rotary_factor": 0.5},
-                        "pad_token_id": specials["<|endoftext|>"], "eos_token_id": END},
-        "vision_config": {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32, "patch_size": 16,
-                          "image_size": 64, "spatial_merge_size": 1},
-        "vq_config": {"embed_dim": 16, "num_embeddings": CODES, "latent_channels": 32},
-        "image_token_id": specials["<|image|>"], "image_start_token_id": START, "image_end_token_id": END}
+    return release.glm_settings(
+        {**TEXT, **text, "vocab_size": vocab_size, "vision_vocab_size": VISION_VOCAB, "max_position_embeddings": 4096,
+         "rms_norm_eps": 1e-5, "attention_bias": True,
+         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                             "partial_rotary_factor": 0.5}},
+        {"depth": 1, "hidden_size": 32, "num_heads": 2, "intermediate_size": 32, "patch_size": 16, "image_size": 64,
+         "spatial_merge_size": 1},
+        {"embed_dim": 16, "num_embeddings": CODES, "latent_channels": 32}, specials, START, END)
 
 
 def random_state(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
@@ -136,9 +83,7 @@ def random_state(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
 
 def generation(specials: dict) -> dict:
     """generation_config.json as the release's vision_language_encoder holds it (sampling settings and ids)."""
-    return {"_from_model_config": False, "do_sample": True, "temperature": 0.9, "top_p": 0.75,
-            "eos_token_id": END, "pad_token_id": specials["<|endoftext|>"], "bos_token_id": START,
-            "transformers_version": "5.0.0.dev0"}
+    return release.generation_settings(specials, START, END)
 
 
 def drawn(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -171,13 +116,10 @@ def write_dit(folder: pathlib.Path, seed: int = 1) -> pathlib.Path:
         patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
         text_embed_dim=32, time_embed_dim=16, condition_dim=8, prior_vq_quantizer_codebook_size=CODES)
     drawn(transformer, seed + 1).save_pretrained(str(folder / "transformer"))
-    vae = AutoencoderKL(
-        block_out_channels=(4, 8, 16, 16), in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 4,
-        up_block_types=["UpDecoderBlock2D"] * 4, latent_channels=4, norm_num_groups=4, sample_size=128,
-        latents_mean=[0.1, -0.2, 0.0, 0.3], latents_std=[1.5, 0.8, 1.0, 1.2])
+    vae = AutoencoderKL(**release.vae_settings((4, 8, 16, 16), 4, [0.1, -0.2, 0.0, 0.3], [1.5, 0.8, 1.0, 1.2],
+                                                norm_num_groups=4, sample_size=128))
     drawn(vae, seed + 2).save_pretrained(str(folder / "vae"))
-    FlowMatchEulerDiscreteScheduler(base_shift=0.25, max_shift=0.75, base_image_seq_len=256, use_dynamic_shifting=True,
-                                    time_shift_type="linear").save_pretrained(str(folder / "scheduler"))
+    FlowMatchEulerDiscreteScheduler(**release.SCHEDULER).save_pretrained(str(folder / "scheduler"))
     return folder
 
 
@@ -185,21 +127,12 @@ def write_glm_image(folder: pathlib.Path, seed: int = 0, generation_config: dict
                     **text) -> pathlib.Path:
     """The diffusers-layout folder (the AR stage; ``dit_stage``: the DiT stage's folders too, :func:`write_dit`);
     ``generation_config``: the file to write instead."""
-    from transformers import GlmImageConfig, GlmImageForConditionalGeneration, GlmImageProcessor
-    from transformers import PreTrainedTokenizerFast
-    from transformers.models.glm_image import GlmImageImageProcessorPil
+    from transformers import GlmImageConfig, GlmImageForConditionalGeneration
 
     from .liquid_files import write_two_shards
 
     folder.mkdir(parents=True, exist_ok=True)
-    tok, specials = write_tokenizer_object()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=dit(START), eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-        padding_side="left", extra_special_tokens={"image_token": "<|image|>", "grid_bos_token": "<sop>",
-                                                   "grid_eos_token": "<eop>"})
-    processor = GlmImageProcessor(image_processor=GlmImageImageProcessorPil(), tokenizer=tokenizer,
-                                  chat_template=CHAT_TEMPLATE)
-    processor.save_pretrained(str(folder / "processor"))
+    tokenizer, specials = release.write_processor(folder / "processor", VISION_VOCAB, START, END)
     cfg = glm_config(len(tokenizer), specials, **text)
     config = GlmImageConfig(**cfg)
     with torch.device("meta"):
@@ -208,11 +141,9 @@ def write_glm_image(folder: pathlib.Path, seed: int = 0, generation_config: dict
     encoder = folder / "vision_language_encoder"
     encoder.mkdir(exist_ok=True)
     write_two_shards(encoder, sd)
-    saved = config.to_dict()
-    saved.update(architectures=["GlmImageForConditionalGeneration"], dtype="bfloat16")
-    (encoder / "config.json").write_text(json.dumps(saved, indent=2))
+    (encoder / "config.json").write_text(json.dumps(release.encoder_settings(config), indent=2))
     (encoder / "generation_config.json").write_text(json.dumps(generation_config or generation(specials), indent=2))
-    (folder / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=2))
+    (folder / "model_index.json").write_text(json.dumps(release.MODEL_INDEX, indent=2))
     if dit_stage:
         write_dit(folder)
     return folder

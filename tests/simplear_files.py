@@ -18,6 +18,8 @@ import pathlib
 
 import torch
 
+from spec_ar.bench.scale_checkpoints.bpe import SPLIT  # Qwen2's pre-tokenizer split
+
 CODES = 64000  # the FSQ levels 8 x 8 x 8 x 5 x 5 x 5 of the release's tokenizer
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
                  "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
@@ -26,9 +28,6 @@ QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_st
 SIMPLEAR_SPECIALS = ["<|t2i|>", "<|i2t|>", "<|soi|>", "<|vtokens|>", "<|t2v|>", "<|v2t|>", "<|sov|>"]
 WORDS = ("A An highly realistic image of aerial view overexposed low quality deformation a poor composition bad "
          "hands teeth eyes limbs distortion red fox in snow blue sky cat on mat lighthouse at dawn").split()
-#: Qwen2's pre-tokenizer split (its tokenizer.json and the slow tokenizer's PRETOKENIZE_REGEX)
-SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-         r"|\s+(?!\S)|\s+")
 SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2}
 DECODER_FOLDER = "Cosmos-1.0-Tokenizer-DV8x16x16"

@@ -123,6 +123,31 @@ def test_full_size_configurations():
     # Qwen2.5-1.5B's 1.31B parameters outside its embedding (as Qwen reports them) + 215672 tied embedding rows
     assert 1.64e9 < counts["simplear-1.5b"] < 1.645e9
     assert 34.1e9 < counts["emu35-image"] < 34.11e9  # Emu3.5-Image: 34.1B, 68.2 GB in bfloat16
+    # GLM-Image: the 8.91B text model and head, 1.2B vision encoder and VQ model, 6.93B DiT, ByT5 encoder, VAE
+    assert 17.34e9 < counts["glm-image"] < 17.35e9
+
+
+def test_glm_image_configuration():
+    """GLM-Image's [T] values are transformers' GlmImageConfig defaults, its parts have the release's sizes (a 9B
+    AR text model and head, a 7B DiT) in the release's 4 + 3 shards, the specials sit at transformers' ids, and
+    --layers makes the DiT as deep as the text model (at most its 30)."""
+    from spec_ar.bench.scale_checkpoints import glm_image
+    from spec_ar.bench.scale_checkpoints.weight_files import shard
+
+    cfg = sc.CONFIGS["glm-image"]
+    glm_image.check_defaults()
+    ids = glm_image.special_ids(cfg)
+    assert (ids["<|endoftext|>"], ids["<sop>"], ids["<|image|>"]) == (167841, 167845, 167855)
+    counts = glm_image.parameter_counts(cfg)
+    assert 8.91e9 < counts["AR language model + head"] < 8.92e9 and 6.92e9 < counts["DiT"] < 6.93e9
+    models = glm_image.part_models(glm_image.part_settings(cfg, 1.0))
+    for part, n in (("vision_language_encoder", 4), ("transformer", 3)):
+        specs = tensors.specs_of(glm_image.saved_state(models[part]))
+        assert len(shard(specs, torch.bfloat16, cfg["shard_gb"]["diffusers"] * 1e9)) == n, part
+    assert "encoder.embed_tokens.weight" not in glm_image.saved_state(models["text_encoder"])  # tied to shared
+    for layers, dit in ((2, 2), (40, 30)):
+        deep = sc.with_layers("glm-image", cfg, layers)
+        assert (deep["text"]["num_hidden_layers"], deep["dit"]["num_layers"]) == (layers, dit)
 
 
 def test_emu35_configuration_is_what_the_loader_reads(written):

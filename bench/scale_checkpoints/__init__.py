@@ -1,16 +1,16 @@
 """Random-weight checkpoints with the real 7B / 8B / 34B configurations, in each family's release layout.
 
-    python -m spec_ar.bench.scale_checkpoints --family janus-pro-7b --out DIR [--layout converted|original]
+    python -m spec_ar.bench.scale_checkpoints --family janus-pro-7b --out DIR [--layout converted|original|diffusers]
         [--dtype bfloat16] [--scale 1.0 | --layers N] [--seed 0] [--shard-gb 5] [--check]
 
 A module per family holds its configuration (gathered in :data:`CONFIGS`), the sources of its values, its
 layouts (``--layout``, the first one the default: the layout the main release ships) and its writer: janus.py
 (``janus-pro-7b``), chameleon.py (``lumina-mgpt-7b-768``, ``anole-7b``), emu3.py (``emu3-gen``), lumina2.py
-(``lumina-mgpt-2.0``), liquid.py (``liquid-7b``), simplear.py (``simplear-1.5b``), emu35.py (``emu35-image``, 34B);
-llamagen.py gives LlamaGen's shapes.  Beside them, what they share: tensors.py (what a file holds, and its
-values), weight_files.py (the safetensors, torch archive and sharded writers), json_files.py, bpe.py
-(tokenizers), vqgan.py (Meta's VQGAN), scaling.py and stats.py; check.py reads a folder back; __main__.py is the
-command line.
+(``lumina-mgpt-2.0``), liquid.py (``liquid-7b``), simplear.py (``simplear-1.5b``), emu35.py (``emu35-image``, 34B),
+glm_image.py (``glm-image``: the 9B AR model and the 7B DiT in the release's diffusers layout); llamagen.py gives
+LlamaGen's shapes.  Beside them, what they share: tensors.py (what a file holds, and its values), weight_files.py
+(the safetensors, torch archive and sharded writers), json_files.py, bpe.py (tokenizers), vqgan.py (Meta's VQGAN),
+scaling.py and stats.py; check.py reads a folder back; __main__.py is the command line.
 
 Tensor names and shapes come from the transformers model built on the meta device from the configuration
 (:data:`CONFIGS`), mapped to the original names where a layout needs them; nothing is allocated for them.
@@ -28,9 +28,9 @@ Tokenizers are built offline (byte-level BPE over the 256 byte symbols and a few
 entries up to the real vocabulary size) with the special tokens at their real ids where known (see
 :data:`CONFIGS`).  ``--scale s`` shrinks widths (whole heads of the real head size) and depths by ``s`` (at
 least one of each), keeping vocabularies, codebooks, downsampling and image grids; ``--layers N`` keeps every
-width and gives the language model N of its layers (a model too big for the machine measured at a fraction of its
-depth: what it holds and costs is the rest plus N times a layer); ``--check`` reads back
-only the headers and indexes (no weights) and checks them against the loaders' key mappings.
+width and gives the language model N of its layers (GLM-Image's DiT too, at most its own 30: a model too big for
+the machine measured at a fraction of its depth: what it holds and costs is the rest plus N times a layer);
+``--check`` reads back only the headers and indexes (no weights) and checks them against the loaders' key mappings.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import time
 
 import torch
 
-from . import chameleon, emu3, emu35, janus, liquid, lumina2, simplear
+from . import chameleon, emu3, emu35, glm_image, janus, liquid, lumina2, simplear
 from .chameleon import chameleon_config, chameleon_vocabulary
 from .emu3 import emu3_config, emu3_vocabulary
 from .emu35 import emu35_model_config, emu35_settings
@@ -62,14 +62,16 @@ from .weight_files import HOLES
 #  [D]  derived, not read anywhere: ids the references do not fix.
 #  [M]  Lumina-mGPT 2.0's code; [A] assumed: what no published file here fixes (both in lumina2.py).
 #  [S]  SimpleAR's code (simplear.py); [E] Emu3.5's (emu35.py).
-FAMILIES = (janus, chameleon, emu3, lumina2, liquid, simplear, emu35)
+#  [F]  FastVideo's GlmImageDiTArchConfig; [P] diffusers' GlmImagePipeline (both in glm_image.py).
+FAMILIES = (janus, chameleon, emu3, lumina2, liquid, simplear, emu35, glm_image)
 CONFIGS = {name: cfg for module in FAMILIES for name, cfg in module.CONFIGS.items()}
 ALIASES = {"janus": "janus-pro-7b", "janus-pro": "janus-pro-7b", "lumina": "lumina-mgpt-7b-768",
            "lumina-mgpt": "lumina-mgpt-7b-768", "anole": "anole-7b", "emu3": "emu3-gen", "emu3-gen-8b": "emu3-gen",
            "liquid": "liquid-7b", "lumina2": "lumina-mgpt-2.0", "simplear": "simplear-1.5b", "emu35": "emu35-image",
-           "emu3.5": "emu35-image"}
+           "emu3.5": "emu35-image", "glm": "glm-image", "glm_image": "glm-image"}
 FAMILY_OF = {"janus-pro-7b": "janus", "lumina-mgpt-7b-768": "lumina", "anole-7b": "anole", "emu3-gen": "emu3",
-             "liquid-7b": "liquid", "lumina-mgpt-2.0": "lumina2", "simplear-1.5b": "simplear", "emu35-image": "emu35"}
+             "liquid-7b": "liquid", "lumina-mgpt-2.0": "lumina2", "simplear-1.5b": "simplear", "emu35-image": "emu35",
+             "glm-image": "glm_image"}
 #: each family's writer: (family, cfg, layout, out, dtype, scale, seed, max_bytes, stats, result, log)
 WRITERS = {name: module.write_release for module in FAMILIES for name in module.CONFIGS}
 
@@ -120,13 +122,17 @@ def write(family: str, out, layout: str | None = None, dtype: torch.dtype = torc
 
 
 def with_layers(family: str, cfg: dict, layers: int, scale: float = 1.0) -> dict:
-    """``cfg`` with its language model ``layers`` deep (the writers read the depth from ``cfg["text"]``)."""
+    """``cfg`` with its language model ``layers`` deep (the writers read the depth from ``cfg["text"]``), and a DiT
+    (``cfg["dit"]``: GLM-Image's) as deep, at most its own depth."""
     real = cfg["text"]["num_hidden_layers"]
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= real:
         raise ValueError(f"--layers must be a whole number of layers from 1 to {real} for {family} (got {layers!r})")
     if scale != 1:
         raise ValueError(f"--layers keeps the real widths and --scale {scale} shrinks them: give one of the two")
-    return {**cfg, "text": {**cfg["text"], "num_hidden_layers": layers}}
+    out = {**cfg, "text": {**cfg["text"], "num_hidden_layers": layers}}
+    if "dit" in cfg:
+        out["dit"] = {**cfg["dit"], "num_layers": min(layers, cfg["dit"]["num_layers"])}
+    return out
 
 
 #: families whose release is a plain transformers causal LM with its output layer tied to the embedding
@@ -149,7 +155,8 @@ def tied_causal_lm_state(family: str, config) -> dict:
 
 def planned_parameters(family: str, scale: float = 1.0, layers: int | None = None) -> int:
     """Parameters of the family's transformers model (converted layout) at ``scale`` or ``layers`` deep, from the
-    meta device: nothing is allocated or written (an image tokenizer outside the model's weights not counted)."""
+    meta device: nothing is allocated or written (an image tokenizer outside the model's weights not counted;
+    GLM-Image: every weight of the release, its parts in :func:`.glm_image.parameter_counts`)."""
     from transformers import (ChameleonForConditionalGeneration, Emu3ForConditionalGeneration,
                               JanusForConditionalGeneration)
 
@@ -169,6 +176,8 @@ def planned_parameters(family: str, scale: float = 1.0, layers: int | None = Non
         from transformers import Qwen3ForCausalLM
 
         state = meta_state(Qwen3ForCausalLM, emu35_model_config(emu35_settings(cfg, scale, torch.bfloat16)))
+    elif family == "glm-image":
+        return sum(glm_image.parameter_counts(cfg, scale).values())
     elif family == "lumina-mgpt-2.0":
         from transformers import ChameleonConfig
 

@@ -1,6 +1,6 @@
 """Random-weight checkpoints with the real 7B / 8B / 34B configurations, in each family's release layout.
 
-    python -m spec_ar.bench.scale_checkpoints --family janus-pro-7b --out DIR [--layout converted|original]
+    python -m spec_ar.bench.scale_checkpoints --family janus-pro-7b --out DIR [--layout converted|original|diffusers]
         [--dtype bfloat16] [--scale 1.0 | --layers N] [--seed 0] [--shard-gb 5] [--check]
 
 Prints the bytes written, the time and the writer's peak resident memory (:func:`.stats.peak_rss`).
@@ -39,11 +39,12 @@ def main(argv=None) -> int:
                                  epilog="families:\n" + table(), formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", required=True, help=f"one of {', '.join(CONFIGS)}")
     ap.add_argument("--out", required=True, help="a new or empty folder")
-    ap.add_argument("--layout", choices=["converted", "original"], help="default: the family's release layout")
+    ap.add_argument("--layout", choices=["converted", "original", "diffusers"],
+                    help="default: the family's release layout")
     ap.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     ap.add_argument("--scale", type=float, default=1.0, help="widths and depths times this (0 < s <= 1)")
-    ap.add_argument("--layers", type=int, help="the language model's depth, every width the real one (the full "
-                    "shape at a fraction of its layers; not with --scale)")
+    ap.add_argument("--layers", type=int, help="the language model's depth (and GLM-Image's DiT's, at most its "
+                    "30), every width the real one (the full shape at a fraction of its layers; not with --scale)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shard-gb", type=float, default=None,
                     help="largest weight shard in GB (default: the release's, 5 or 10; Meta's layout: one file)")

@@ -14,6 +14,10 @@ def byte_symbols() -> list[str]:
     return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
 
 
+#: Qwen2's pre-tokenizer split (its tokenizer.json and the slow tokenizer's PRETOKENIZE_REGEX), GLM-Image's stand-in's
+SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+         r"|\s+(?!\S)|\s+")
+
 #: merges of the small byte-level BPE (Ġ space, Ċ newline): enough that prompts merge somewhat
 MERGES = [("Ċ", "Ċ"), ("Ġ", "a"), ("Ġ", "c"), ("a", "t"), ("Ġc", "at"), ("Ġ", "r"), ("e", "d"), ("Ġr", "ed"),
           ("9", "0"), ("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("o", "r")]

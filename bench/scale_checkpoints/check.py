@@ -12,6 +12,9 @@ import torch
 from . import CONFIGS, FAMILY_OF, TIED_CAUSAL_LMS, resolve, tied_causal_lm_state
 from .tensors import meta_state
 
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json",
+           "diffusion_pytorch_model.safetensors.index.json")
+
 
 def header_shapes(path: pathlib.Path) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes of a weight file without reading its data: the safetensors header, or the
@@ -36,7 +39,8 @@ def check(folder, family: str, layout: str | None = None, expected: dict | None 
     names every tensor of every shard and their total size, the shapes are ``expected`` (file -> {name: shape})
     if given, and the loaders' own key mapping of the original layouts (Janus' remap, Meta's conversion,
     Lumina's norm rows) gives exactly the tensors transformers' model (built on the meta device from the
-    folder's configuration) expects."""
+    folder's configuration) expects (GLM-Image: each weight folder, its names prefixed ``folder/``, against its own
+    class)."""
     from ...formats.checkpoints import read_json, weight_files
     from ...loaders.detect import detect
 
@@ -54,24 +58,27 @@ def check(folder, family: str, layout: str | None = None, expected: dict | None 
         files = chameleon_meta.find_meta_files(folder)
         shapes = {str(p): header_shapes(p) for p in files["shards"]}
     else:
-        files = weight_files(folder)
-        shapes = {str(p): header_shapes(p) for p in files}
-        for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-            if (folder / index).is_file():
-                data = read_json(folder / index)
-                wmap = data["weight_map"]
-                listed = {(name, folder / f) for name, f in wmap.items()}
-                held = {(name, pathlib.Path(f)) for f, names in shapes.items() for name in names}
-                if listed != held:
-                    raise AssertionError(f"{index}: the weight map and the shards disagree "
-                                         f"({len(listed - held)} listed only, {len(held - listed)} held only)")
-                report["index_tensors"] = len(wmap)
-                report["index_total_size"] = data["metadata"]["total_size"]
+        shapes = {}
+        for sub in _weight_folders(folder, family).values():
+            part = {str(p): header_shapes(p) for p in weight_files(sub)}
+            shapes.update(part)
+            for index in INDEXES:
+                if (sub / index).is_file():
+                    data = read_json(sub / index)
+                    wmap = data["weight_map"]
+                    listed = {(name, sub / f) for name, f in wmap.items()}
+                    held = {(name, pathlib.Path(f)) for f, names in part.items() for name in names}
+                    if listed != held:
+                        raise AssertionError(f"{sub / index}: the weight map and the shards disagree "
+                                             f"({len(listed - held)} listed only, {len(held - listed)} held only)")
+                    report["index_tensors"] = report.get("index_tensors", 0) + len(wmap)
+                    report["index_total_size"] = report.get("index_total_size", 0) + data["metadata"]["total_size"]
     if expected is not None:
         got = {f: {k: list(v) for k, v in s.items()} for f, s in shapes.items()}
         if got != {str(k): v for k, v in expected.items()}:
             raise AssertionError(f"{folder}: the files' tensors are not the ones planned")
-    merged = {k: v for s in shapes.values() for k, v in s.items()}
+    prefixes = {str(sub): f"{name}/" if name else "" for name, sub in _weight_folders(folder, family).items()}
+    merged = {prefixes.get(str(pathlib.Path(f).parent), "") + k: v for f, s in shapes.items() for k, v in s.items()}
     report["tensors"] = len(merged)
     report["parameters"] = sum(math.prod(v) for v in merged.values())
     want, have = _expected_model_shapes(folder, family, layout, merged)
@@ -84,6 +91,15 @@ def check(folder, family: str, layout: str | None = None, expected: dict | None 
     log(f"check {folder}: detected {hit.family}; {report['tensors']} tensors, {report['parameters'] / 1e9:.3f} B "
         f"parameters in {len(shapes)} file(s); they map onto transformers' model ({len(want)} tensors)")
     return report
+
+
+def _weight_folders(folder: pathlib.Path, family: str) -> dict[str, pathlib.Path]:
+    """Where the family's weights are: the folder itself (name ""), or GLM-Image's weight folders by name."""
+    if family == "glm-image":
+        from .glm_image import WEIGHT_PARTS
+
+        return {part: folder / part for part in WEIGHT_PARTS}
+    return {"": folder}
 
 
 def _meta_tensors(shapes: dict) -> dict[str, torch.Tensor]:
@@ -136,6 +152,12 @@ def _expected_model_shapes(folder: pathlib.Path, family: str, layout: str, shape
     elif family in TIED_CAUSAL_LMS:
         mapped = shapes
         want = tied_causal_lm_state(family, folder)
+    elif family == "glm-image":
+        from .glm_image import folder_settings, part_models, saved_state
+
+        mapped = shapes
+        want = {f"{part}/{k}": v for part, model in part_models(folder_settings(folder)).items()
+                for k, v in saved_state(model).items()}
     elif family == "emu35-image":
         from transformers import Qwen3ForCausalLM
 

@@ -205,15 +205,25 @@ def shard(specs: list[TensorSpec], dtype: torch.dtype, max_bytes: float | None) 
     return shards
 
 
+def shard_names(count: int, kind: str, stem: str | None = None) -> tuple[list[str], str]:
+    """The file names of ``count`` shards and their index's name: ``model-0000X-of-0000N.safetensors`` +
+    ``model.safetensors.index.json`` (``kind`` "safetensors"; diffusers' ``stem`` "diffusion_pytorch_model") or
+    ``pytorch_model-0000X-of-0000N.bin`` + ``pytorch_model.bin.index.json`` ("bin"); one shard: ``model.safetensors``
+    (no index)."""
+    default, suffix = ("model", "safetensors") if kind == "safetensors" else ("pytorch_model", "bin")
+    stem = stem or default
+    names = ([f"{stem}.{suffix}"] if count == 1 else
+             [f"{stem}-{i + 1:05d}-of-{count:05d}.{suffix}" for i in range(count)])
+    return names, f"{stem}.{suffix}.index.json"
+
+
 def write_sharded(folder: pathlib.Path, specs: list[TensorSpec], dtype: torch.dtype, seed: int,
-                  max_bytes: float | None, kind: str, stats: Stats, log=print) -> list[pathlib.Path]:
-    """transformers' sharded layout: ``model-0000X-of-0000N.safetensors`` + ``model.safetensors.index.json``
-    (``kind`` "safetensors") or ``pytorch_model-0000X-of-0000N.bin`` + ``pytorch_model.bin.index.json``
-    ("bin"); one file without an index when it fits one shard."""
+                  max_bytes: float | None, kind: str, stats: Stats, log=print,
+                  stem: str | None = None) -> list[pathlib.Path]:
+    """transformers' sharded layout (:func:`shard_names`; diffusers' with ``stem``
+    "diffusion_pytorch_model"): the shards and their index; one file without an index when it fits one shard."""
     parts = shard(specs, dtype, max_bytes)
-    stem, suffix = ("model", "safetensors") if kind == "safetensors" else ("pytorch_model", "bin")
-    names = ([f"{stem}.{suffix}"] if len(parts) == 1 else
-             [f"{stem}-{i + 1:05d}-of-{len(parts):05d}.{suffix}" for i in range(len(parts))])
+    names, index_name = shard_names(len(parts), kind, stem)
     weight_map, paths = {}, []
     for name, part in zip(names, parts):
         path = folder / name
@@ -228,17 +238,16 @@ def write_sharded(folder: pathlib.Path, specs: list[TensorSpec], dtype: torch.dt
         log(f"  {name}: {len(part)} tensors, {path.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - t:.1f} s, "
             f"peak RSS so far {peak_rss() / 2**30:.2f} GiB")
     if len(parts) > 1:
-        index = folder / f"{stem}.{suffix}.index.json"
+        index = folder / index_name
         total = sum(s.nbytes(dtype) for s in specs)
         index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
         stats.add(index)
     return paths
 
 
-def record_shards(result: Written, folder: pathlib.Path, specs: list[TensorSpec], dtype, max_bytes, kind: str):
+def record_shards(result: Written, folder: pathlib.Path, specs: list[TensorSpec], dtype, max_bytes, kind: str,
+                  stem: str | None = None):
     parts = shard(specs, dtype, max_bytes)
-    stem, suffix = ("model", "safetensors") if kind == "safetensors" else ("pytorch_model", "bin")
-    names = ([f"{stem}.{suffix}"] if len(parts) == 1 else
-             [f"{stem}-{i + 1:05d}-of-{len(parts):05d}.{suffix}" for i in range(len(parts))])
+    names, _ = shard_names(len(parts), kind, stem)
     for name, part in zip(names, parts):
         result.expected[str(folder / name)] = {s.name: list(s.shape) for s in part}
