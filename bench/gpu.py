@@ -111,19 +111,32 @@ def kernels(device, dtypes, shape=(11008, 4096), rows=(2, 66), count=4, repeats=
             linear = nn.Linear(shape[1], shape[0], bias=False, device=device, dtype=compute)
             nn.init.normal_(linear.weight, 0, 0.02)
             layers.append(quantized_layer(linear, storage, compute, device) if storage.quantized else linear)
-        for n in rows:
-            x = torch.randn(n, shape[1], device=device, dtype=compute)
+        from ..loaders import lowbit
+
+        # a quantized storage: each of its kernels (loaders/lowbit.py), with its distance from the widened weight
+        variants = list(lowbit.KERNELS[name]) if name in lowbit.KERNELS else [None]
+        for kernel in variants:
             for layer in layers:
-                layer(x)
-            ms = statistics.median(clock.time(lambda layer=layers[i % count]: layer(x)) for i in range(repeats * count))
-            out.append({"dtype": name, "rows": n, "ms": ms, "bytes": stored_bytes(layers[0])})
-        if name == "int8" and torch.device(device).type == "cuda":  # the packed weight-only kernel, on CUDA too
+                layer.kernel = kernel
+            label = name if kernel is None else f"{name} ({kernel})"
             for n in rows:
                 x = torch.randn(n, shape[1], device=device, dtype=compute)
-                packed = [lambda q=q: torch._weight_int8pack_mm(x, q.weight, q.scale) for q in layers]
-                ms = statistics.median(clock.time(packed[i % count]) for i in range(repeats * count))
-                out.append({"dtype": "int8 (_weight_int8pack_mm)", "rows": n, "ms": ms,
-                            "bytes": stored_bytes(layers[0])})
+                try:
+                    for layer in layers:
+                        layer(x)
+                except (RuntimeError, NotImplementedError) as err:  # not on this card
+                    out.append({"dtype": label, "rows": n, "ms": None, "bytes": stored_bytes(layers[0]),
+                                "why": str(err).splitlines()[0][:160]})
+                    continue
+                ms = statistics.median(clock.time(lambda layer=layers[i % count]: layer(x))
+                                       for i in range(repeats * count))
+                row = {"dtype": label, "rows": n, "ms": ms, "bytes": stored_bytes(layers[0])}
+                if kernel is not None:
+                    row["error"] = lowbit.error(layers[0](x), lowbit.KERNELS[name]["widen"](x, layers[0]))
+                out.append(row)
+        if name in lowbit.KERNELS and torch.device(device).type == "cuda":
+            row = {"dtype": f"{name} (chosen)", "kernel": lowbit.choose(name, layers[0])}
+            out.append(row)
         del layers
     return out
 
@@ -393,11 +406,18 @@ def report(results: dict) -> str:
               f"median of {results['n_forwards']}{offloaded} timed forwards after two warm-ups; path: how the "
               "forwards ran (eager, static shapes, or static shapes replayed as CUDA graphs).", ""]
     if results.get("kernels"):
-        lines += ["One 7B MLP projection (11008 x 4096, times --scale) stored each way:", "",
-                  "| layer | rows | ms | floor ms (its bytes / bandwidth) |", "|---|---|---|---|"]
-        lines += [f"| {k['dtype']} | {k['rows']} | {k['ms']:.3f} | {k['bytes'] / bw['bytes_per_s'] * 1000:.3f} |"
-                  for k in results["kernels"]]
-        lines.append("")
+        lines += ["One 7B MLP projection (11008 x 4096, times --scale) stored each way, a quantized one by each of "
+                  "its kernels (loaders/lowbit.py; error: relative distance from the widened weight's product):", "",
+                  "| layer | rows | ms | floor ms (its bytes / bandwidth) | error |", "|---|---|---|---|---|"]
+        for k in results["kernels"]:
+            if "kernel" in k:
+                continue
+            ms = f"{k['ms']:.3f}" if k["ms"] is not None else f"does not run: {k.get('why', '')}"
+            error = f"{k['error']:.4f}" if k.get("error") is not None else ""
+            lines.append(f"| {k['dtype']} | {k['rows']} | {ms} | {k['bytes'] / bw['bytes_per_s'] * 1000:.3f} | "
+                         f"{error} |")
+        chosen = [f"{k['dtype'].split()[0]}: {k['kernel']}" for k in results["kernels"] if "kernel" in k]
+        lines += ["", f"Chosen on this card by the loader's measurement: {', '.join(chosen)}." if chosen else "", ""]
     if results.get("embedded"):
         lines += ["| embedded mode | path | batch | window | ms / image | forwards | tokens / forward | ms / token | "
                   "engine ms / forward |", "|---|---|---|---|---|---|---|---|---|"]
@@ -466,8 +486,13 @@ def main(argv=None) -> int:
         log(f"host link: {link['bytes_per_s'] / 1e9:.1f} GB/s (pinned system memory to the GPU)")
     results["kernels"] = kernels(args.device, args.dtypes, (wide(11008), wide(4096)))
     for k in results["kernels"]:
-        floor = k["bytes"] / bw["bytes_per_s"] * 1000
-        log(f"layer {k['dtype']:28s} rows {k['rows']:3d}: {k['ms']:.3f} ms (floor {floor:.3f})")
+        if "kernel" in k:
+            log(f"layer {k['dtype']:28s} chosen: {k['kernel']}")
+        elif k["ms"] is None:
+            log(f"layer {k['dtype']:28s} rows {k['rows']:3d}: does not run here ({k.get('why', '')})")
+        else:
+            floor = k["bytes"] / bw["bytes_per_s"] * 1000
+            log(f"layer {k['dtype']:28s} rows {k['rows']:3d}: {k['ms']:.3f} ms (floor {floor:.3f})")
     results["forwards"] = []
     with tempfile.TemporaryDirectory(dir=args.work) as work:
         for name in args.models:

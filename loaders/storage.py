@@ -9,12 +9,14 @@ and the VQ decoder keep the compute dtype (a head's logits are what sampling rea
 
 The quantized formats, and why these (docs/benchmarks.md, "Weight storage"):
 
-* ``int8``: per-output-channel symmetric int8 with a scale per row, multiplied as
-  gpt-fast does (``F.linear(x, w) * scale``); on the CPU through torch's own int8
-  weight-only kernel (``torch._weight_int8pack_mm``, the kernel torchao's
-  int8 weight-only layout calls there).
-* ``fp8``: float8 e4m3 with a scale per row, cast to the compute dtype per forward
-  (ComfyUI's "fp8 scaled" scheme); fast where the GPU converts float8 natively, slow on CPUs.
+* ``int8``: per-output-channel symmetric int8 with a scale per row; on the CPU multiplied
+  by torch's own int8 weight-only kernel (``torch._weight_int8pack_mm``, the kernel
+  torchao's int8 weight-only layout calls there), on a GPU by the fastest of the kernels
+  of :mod:`.lowbit` measured there (widened as gpt-fast does, the weight-only kernel, or
+  int8 tensor cores through ``torch._int_mm``), within its tolerance.
+* ``fp8``: float8 e4m3 with a scale per row (ComfyUI's "fp8 scaled" scheme), cast to the
+  compute dtype per forward or, on GPUs with float8 tensor cores, through
+  ``torch._scaled_mm`` where measured faster (:mod:`.lowbit`); slow on CPUs.
 * ``nf4``: bitsandbytes' NormalFloat4 with double-quantised block scales (QLoRA),
   through its ``Linear4bit`` (CUDA and CPU kernels).
 """
@@ -24,10 +26,10 @@ import re
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..sampling.config import ConfigError
+from . import lowbit
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def rowwise(w: torch.Tensor, qmax: float, stored: torch.dtype, quantize) -> tupl
     out = torch.empty(w.shape, dtype=stored, device=w.device)
     scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)
     for i in range(0, w.shape[0], ROWS_AT_A_TIME):
-        rows = w[i:i + ROWS_AT_A_TIME].float()
+        rows = w[i:i + ROWS_AT_A_TIME].to(torch.float32, copy=True)  # a float32 weight is left as it is
         s = rows.abs().amax(1).clamp_min(1e-12) / qmax
         out[i:i + ROWS_AT_A_TIME] = quantize(rows.div_(s[:, None]))
         scale[i:i + ROWS_AT_A_TIME] = s
@@ -141,12 +143,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
+    #: its matmul (``lowbit.KERNELS["int8"]``): chosen by measurement on a GPU, the device's default until then
+    kernel: str | None = None
+
     def forward(self, x):
-        if x.device.type == "cpu":
-            y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scale)
-            y = y.view(*x.shape[:-1], -1)
-        else:
-            y = F.linear(x, self.weight.to(x.dtype)) * self.scale
+        y = lowbit.run("int8", self, x)
         return y if self.bias is None else y + self.bias
 
 
@@ -164,8 +165,11 @@ class Fp8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype))
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
+    #: its matmul (``lowbit.KERNELS["fp8"]``): chosen by measurement on a GPU, the device's default until then
+    kernel: str | None = None
+
     def forward(self, x):
-        y = F.linear(x, self.weight.view(torch.float8_e4m3fn).to(x.dtype)) * self.scale
+        y = lowbit.run("fp8", self, x)
         return y if self.bias is None else y + self.bias
 
 
@@ -292,7 +296,10 @@ def place(module: nn.Module, dtype, device) -> nn.Module:
         parent, _, child = name.rpartition(".")
         owner = module.get_submodule(parent) if parent else module
         linear = getattr(owner, child)
-        setattr(owner, child, quantized_layer(linear, storage, dtype, "cpu" if blocks is not None else device))
+        layer = quantized_layer(linear, storage, dtype, "cpu" if blocks is not None else device)
+        if storage.name in lowbit.KERNELS and blocks is None and device_type(device) == "cuda":
+            layer.kernel = lowbit.choose(storage.name, layer)  # timed once per shape on this card
+        setattr(owner, child, layer)
         if linear.weight.dtype == dtype or device_type(device) != "cpu":  # the file's own bytes, read as they are
             drop_pages(linear.weight, mapped)
         del linear

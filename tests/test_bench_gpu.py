@@ -50,7 +50,10 @@ def test_the_report_prints_bandwidth_forwards_layers_and_the_embedded_modes(run)
     assert f"Bandwidth: {results['bandwidth']['bytes_per_s'] / 1e9:.0f} GB/s" in text
     assert "| model | dtype | path | weights read / forward | live KV | floor ms | L=1 | L=3 | tree 5 |" in text
     assert "| janus-pro-7b | int8 | eager |" in text and "| janus-pro-7b | int8 | static |" in text
-    assert {k["dtype"] for k in results["kernels"]} == {"bfloat16", "int8"}
+    assert {k["dtype"] for k in results["kernels"]} == {"bfloat16", "int8 (widen)", "int8 (int8pack)", "int8 (int_mm)"}
+    for k in results["kernels"]:  # each of int8's kernels runs on the CPU, near the widened weight's product
+        assert k["ms"] > 0 and (k["dtype"] == "bfloat16" or 0 <= k["error"] <= 0.02), k
+    assert "| int8 (int_mm) | 2 |" in text and "error" in text
     assert [(r["path"], r["batch"], r["mode"]) for r in results["embedded"]] == [
         (p, b, m) for p in ("eager", "static") for b in (1, 2) for m in ("ar", "sjd")]
     ar, sjd = results["embedded"][:2]
