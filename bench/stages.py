@@ -102,7 +102,14 @@ def main(argv=None) -> int:
     memory = Resident()
     memory.phase("sizing")
     answer = sized(args.model, args.card, args.system, args.width, args.height)
+    import gc
+
     import torch
+
+    from ..loaders.storage import trim_heap
+
+    gc.collect()  # the sizing's own load of the model gone before this one
+    trim_heap()
 
     from ..loaders.detect import load_model
     from ..sampling import DecodeConfig, SpeculativeDecoder
@@ -122,7 +129,9 @@ def main(argv=None) -> int:
     sample_s = time.perf_counter() - t
     forwards = result.reports[0].nfe
     print(f"sampled {model.adapter.layout.length} tokens in {sample_s:.0f} s ({forwards} forwards)", flush=True)
-    memory.phase("decoding")
+    memory.phase("turn")  # until the AR stage has left: then the DiT's own phase
+    if turns is not None:
+        turns.on_leave.append(lambda stage, kind: memory.phase("decoding"))
     t = time.perf_counter()
     model.decode.steps = args.dit_steps
     images = model.decode_images(result.image_tokens(model.adapter.layout))
@@ -156,8 +165,8 @@ def markdown(r: dict) -> str:
             f"| load | {r['load_s']:.0f} | {r['peak_gb'].get('load', 0):.2f} GB |\n"
             f"| sampling ({r['mode']}, {r['tokens']} tokens, {r['forwards']} forwards) | {r['sample_s']:.0f} | "
             f"{r['peak_gb'].get('sampling', 0):.2f} GB |\n"
-            f"| decoding (DiT {r['dit_steps']} steps, {r['width']}x{r['height']}) | {r['decode_s']:.0f} | "
-            f"{r['peak_gb'].get('decoding', 0):.2f} GB |\n\n"
+            f"| decoding (DiT {r['dit_steps']} steps, {r['width']}x{r['height']}; from the AR stage's leaving on) | "
+            f"{r['decode_s']:.0f} | {r['peak_gb'].get('decoding', 0):.2f} GB |\n\n"
             f"Whole run: high water {r['high_water_gb']:.2f} GB ({peaks}); moves {r['moves']}; image "
             f"{r['image']} finite {r['finite']}; torch {r['torch']}, {r['threads']} threads\n")
 

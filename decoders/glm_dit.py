@@ -270,7 +270,7 @@ class GlmDiT:
                                   "not loaded)")
         model = hf_call(lambda: empty_model(cls.from_config, dict(self.config)), folder, MODULES["transformer"])
         assign_weights(model, read_weights(files, self.weights_dtype), folder, MODULES["transformer"])
-        return model.to(self.weights_dtype)
+        return model  # its tensors read in the dtype asked (it has no buffers of its own)
 
     def enter(self) -> None:
         """The modules on the device, read from the files if they are not in memory."""
@@ -279,7 +279,9 @@ class GlmDiT:
             for part in ("vae", "text_encoder"):
                 path = self.where[part]
                 files = [f for f in path.iterdir() if f.is_file()]
-                typed = {"dtype" if part == "text_encoder" else "torch_dtype": self.weights_dtype}
+                # the VAE (0.1 B) is built then given its weights, as diffusers does without accelerate, said here
+                typed = {"dtype": self.weights_dtype} if part == "text_encoder" else \
+                    {"torch_dtype": self.weights_dtype, "low_cpu_mem_usage": False}
                 parts[part] = hf_call(lambda c=self.classes[part], p=path, t=typed: c.from_pretrained(
                     str(p), use_safetensors=True, local_files_only=True, **t), path, MODULES[part], files)
             for part, module in parts.items():

@@ -61,9 +61,9 @@ class Turns:
             kind = "park" if self.wait == "system" else "drop"
             getattr(before, kind)()
             self.moves[kind] += 1
+            release_memory()
             for listener in self.on_leave:
                 listener(before.name, kind)
-            release_memory()
         self.stages[name].enter()
         self.moves["enter"] += 1
         self.active = name

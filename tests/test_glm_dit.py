@@ -331,5 +331,5 @@ def test_the_stages_bench_renders_in_the_sized_storage_and_measures_each_phase(f
     r = json.loads((tmp_path / "stages.json").read_text())
     assert r["storage"] == "bfloat16" and r["card_stages"] == "none" and r["here_stages"] == "files"
     assert r["moves"] == {"enter": 1, "park": 0, "drop": 1} and r["finite"] and r["image"] == [1, 3, HEIGHT, WIDTH]
-    assert {"load", "sampling", "decoding"} <= set(r["peak_gb"]) and r["high_water_gb"] > 0
+    assert {"load", "sampling", "turn", "decoding"} <= set(r["peak_gb"]) and r["high_water_gb"] > 0
     assert r["forwards"] <= r["tokens"]
