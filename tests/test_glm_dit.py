@@ -283,14 +283,14 @@ def test_the_stages_take_turns_through_their_files_and_the_images_do_not_change(
     def watch(done, steps):  # during the DiT's steps: the AR model out of memory
         seen.append((stages.on_meta(ar), dit.parts is not None))
 
-    model.decode.progress = watch
+    model.decode.progress, model.decode.steps = watch, 2
     for round in range(2):
         res = SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd")).generate(PROMPTS, seeds=round)
         assert dit.parts is None and not stages.on_meta(ar)  # sampled with the AR model back, the DiT gone
         images = model.decode_images(res.image_tokens(model.adapter.layout))
-        expected = pipeline_images(pipeline, res.tokens, model.adapter, PROMPTS, 0, 50)
+        expected = pipeline_images(pipeline, res.tokens, model.adapter, PROMPTS, 0, 2)
         torch.testing.assert_close(images, expected.float(), rtol=0, atol=1e-5)
-    assert set(seen) == {(True, True)} and len(seen) == 2 * 50
+    assert set(seen) == {(True, True)} and len(seen) == 2 * 2
     turns.turn("sampling")
     assert torch.equal(ar.lm_head.weight, head) and dit.parts is None  # read again, the same weights
     assert turns.moves == {"enter": 4, "park": 0, "drop": 4}
