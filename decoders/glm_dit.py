@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..formats.checkpoints import (CheckpointError, assign_weights, checked_weight_files, empty_model, hf_call,
-                                   read_json, read_weights, weight_files)
+                                   peek, read_json, read_weights, weight_files)
 from ..sampling.checks import NonFiniteImageError
 from .blocks import decoder_bytes
 
@@ -255,10 +255,10 @@ class GlmDiT:
         return [f for part in MODULES for f in weight_files(self.where[part])]
 
     def weight_bytes(self) -> int:
-        """The stage's weights in memory, in its dtype (read from the files' headers)."""
-        from ..loaders.storage import file_weight_bytes
-
-        return file_weight_bytes(self.weight_files(), self.weights_dtype)
+        """The stage's weights in memory, in its dtype (read from the files' headers: every tensor of the three
+        modules is floating and read in that dtype)."""
+        return sum(math.prod(shape) for f in self.weight_files() for shape in peek(f).values()) * \
+            self.weights_dtype.itemsize
 
     def _transformer(self) -> torch.nn.Module:
         """The 7B DiT built with its parameters on the meta device and given the files' tensors (one copy of

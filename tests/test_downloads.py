@@ -290,8 +290,11 @@ def test_one_ctrl_c_stops_a_download_and_the_next_run_resumes_it(hub, tmp_path, 
     hub.slow["c2i_B_256.pt"] = 0.05  # 8 KB per 50 ms: tens of seconds for the whole file
     root = tmp_path / "models"
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "SPEC_AR_DEBUG")}
+    # Ctrl-C as at a terminal: a test run started in the background by a shell ignores SIGINT, and so would the
+    # child's Python (it keeps an ignored SIGINT ignored) unless the child starts with the default disposition
     proc = subprocess.Popen([sys.executable, "-m", "spec_ar.cli", "download", NAME, "--to", str(root),
-                             "--endpoint", hub.url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--endpoint", hub.url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     part = root / f"{NAME}.partial" / "c2i_B_256.pt.incomplete"
     try:
         deadline = time.monotonic() + 120  # guards only: the whole file takes about 20 s
