@@ -34,16 +34,10 @@ class Resident:
         self._thread.start()
 
     @staticmethod
-    def now() -> int:
+    def status(field: str = "VmRSS") -> int:
+        """Bytes of ``field`` in ``/proc/self/status`` (``VmRSS`` now, ``VmHWM`` the high water); 0 without."""
         for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
-
-    @staticmethod
-    def high_water() -> int:
-        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
         return 0
 
@@ -53,7 +47,7 @@ class Resident:
             time.sleep(self.every)
 
     def _take(self):
-        rss = self.now()
+        rss = self.status()
         self.peaks[self.name] = max(self.peaks.get(self.name, 0), rss)
 
     def phase(self, name: str):
@@ -145,7 +139,7 @@ def main(argv=None) -> int:
               "tokens": model.adapter.layout.length, "forwards": forwards, "load_s": load_s, "sample_s": sample_s,
               "decode_s": decode_s, "moves": dict(turns.moves) if turns else None, "ar_weights_gb": ar_gb,
               "dit_weights_gb": answer.get("dit_gb"), "peak_gb": {k: v / GB for k, v in peaks.items()},
-              "high_water_gb": Resident.high_water() / GB, "image": list(images.shape),
+              "high_water_gb": Resident.status("VmHWM") / GB, "image": list(images.shape),
               "finite": bool(torch.isfinite(images).all()), "torch": torch.__version__,
               "threads": torch.get_num_threads()}
     out = pathlib.Path(args.out)

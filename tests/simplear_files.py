@@ -18,7 +18,7 @@ import pathlib
 
 import torch
 
-from spec_ar.bench.scale_checkpoints.bpe import SPLIT  # Qwen2's pre-tokenizer split
+from spec_ar.bench.scale_checkpoints.bpe import SPLIT, byte_symbols, word_merges  # SPLIT: Qwen2's split
 
 CODES = 64000  # the FSQ levels 8 x 8 x 8 x 5 x 5 x 5 of the release's tokenizer
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -33,29 +33,11 @@ SIZES = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "nu
 DECODER_FOLDER = "Cosmos-1.0-Tokenizer-DV8x16x16"
 
 
-def byte_symbols() -> list[str]:
-    """GPT-2's printable stand-ins for the 256 bytes, in byte order (what byte-level BPE vocabularies hold)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    extra = iter(range(256, 512))
-    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
-
-
 def bpe_vocabulary() -> tuple[dict[str, int], list[tuple[str, str]]]:
     """The 256 byte symbols, then every word built up letter by letter, then each joined to the space before
     it (``Ġ``), with the merges that build them."""
     vocab = {s: i for i, s in enumerate(byte_symbols())}
-    merges: list[tuple[str, str]] = []
-    for word in WORDS:
-        current = word[0]
-        for ch in word[1:]:
-            if (current, ch) not in merges:
-                merges.append((current, ch))
-            current += ch
-            vocab.setdefault(current, len(vocab))
-    for word in WORDS:  # after every word's own merges: a space joins whole words
-        merges.append(("Ġ", word))
-        vocab.setdefault("Ġ" + word, len(vocab))
-    return vocab, merges
+    return vocab, word_merges(WORDS, vocab)
 
 
 def write_tokenizer(folder: pathlib.Path) -> int:

@@ -23,6 +23,23 @@ MERGES = [("Ċ", "Ċ"), ("Ġ", "a"), ("Ġ", "c"), ("a", "t"), ("Ġc", "at"), ("�
           ("9", "0"), ("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("o", "r")]
 
 
+def word_merges(words, vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges that build each of ``words`` letter by letter, then join each whole word to the space before it
+    (``Ġ``); every token they make is added to ``vocab`` (in place) at the next id, in that order."""
+    merges: list[tuple[str, str]] = []
+    for word in words:
+        current = word[0]
+        for ch in word[1:]:
+            if (current, ch) not in merges:
+                merges.append((current, ch))
+            current += ch
+            vocab.setdefault(current, len(vocab))
+    for word in words:  # after every word's own merges: a space joins whole words
+        merges.append(("Ġ", word))
+        vocab.setdefault("Ġ" + word, len(vocab))
+    return merges
+
+
 def text_vocabulary(size: int, start: int = 0, taken=()) -> dict[str, int]:
     """Byte symbols, merged tokens, then unreachable fillers: ``size`` entries with ids from ``start``."""
     vocab, taken = {}, set(taken)

@@ -28,7 +28,7 @@ import pathlib
 
 import torch
 
-from .bpe import SPLIT, byte_symbols
+from .bpe import SPLIT, byte_symbols, word_merges
 from .json_files import write_config, write_json
 from .scaling import scaled, scaled_channels, scaled_text
 from .stats import Stats, write_weights
@@ -130,17 +130,7 @@ def tokenizer_object(vision_vocab: int, specials: dict[str, int] | None = None, 
 
     vocab = {dit(i): i for i in range(vision_vocab)}  # in the model's vocabulary, and added (special) below
     vocab.update({s: vision_vocab + i for i, s in enumerate(byte_symbols())})
-    merges: list[tuple[str, str]] = []
-    for word in WORDS:
-        current = word[0]
-        for ch in word[1:]:
-            if (current, ch) not in merges:
-                merges.append((current, ch))
-            current += ch
-            vocab.setdefault(current, len(vocab))
-    for word in WORDS:
-        merges.append(("Ġ", word))
-        vocab.setdefault("Ġ" + word, len(vocab))
+    merges = word_merges(WORDS, vocab)
     if specials is None:
         specials = {s: len(vocab) + i for i, s in enumerate(GLM_SPECIALS)}
     elif min(specials.values()) < len(vocab):
