@@ -347,8 +347,12 @@ def embedded_modes(args, log) -> list[dict]:
     rows = []
     for path in args.paths:
         model = load_model("embedded", device=args.device, dtype="auto", decode_path=path)
-        for batch, mode in [(b, m) for b in args.batches for m in args.modes]:
+        for batch, mode, step in [(b, m, s) for b in args.batches for m in args.modes for s in args.steps]:
+            on_device = step == "device"
             decoder = SpeculativeDecoder(model.adapter, DecodeConfig(mode=mode))
+            if on_device and (decoder.device_step_blocker or not decoder.config.drafts):
+                continue  # (plain AR reads nothing per step anyway)
+            decoder.device_step = on_device
             decoder.generate([prompt] * batch, seeds=0)  # warm-up (and the auto window's costs)
             times, results = [], []
             for i in range(1, args.images + 1):
@@ -358,13 +362,14 @@ def embedded_modes(args, log) -> list[dict]:
             ms = statistics.median(times) / batch
             tokens = reports[0].tokens
             rows.append({"mode": mode, "path": model.adapter.decode_path, "batch": batch, "ms_per_image": ms,
+                         "step": step if mode != "ar" else "-",
                          "window": reports[-1].settings.get("window") if mode != "ar" else None,
                          "window_choice": reports[-1].window_choice,
                          "forwards": statistics.mean(r.nfe for r in reports),
                          "tokens_per_forward": statistics.mean(r.tokens_per_forward for r in reports),
                          "engine_ms_per_forward": statistics.mean(1000 * r.engine_time_s / r.nfe for r in reports),
                          "ms_per_token": ms / tokens})
-            log(f"  embedded {mode:8s} {model.adapter.decode_path:8s} batch {batch:2d} {ms:8.1f} ms/image  "
+            log(f"  embedded {mode:8s} {model.adapter.decode_path:8s} {step:6s} batch {batch:2d} {ms:8.1f} ms/image  "
                 f"{rows[-1]['forwards']:6.1f} forwards  {rows[-1]['ms_per_token']:.3f} ms/token  "
                 f"window {rows[-1]['window']}")
     return rows
@@ -419,9 +424,10 @@ def report(results: dict) -> str:
         chosen = [f"{k['dtype'].split()[0]}: {k['kernel']}" for k in results["kernels"] if "kernel" in k]
         lines += ["", f"Chosen on this card by the loader's measurement: {', '.join(chosen)}." if chosen else "", ""]
     if results.get("embedded"):
-        lines += ["| embedded mode | path | batch | window | ms / image | forwards | tokens / forward | ms / token | "
-                  "engine ms / forward |", "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['mode']} | {r.get('path', 'eager')} | {r.get('batch', 1)} | {r.get('window') or '-'} | "
+        lines += ["| embedded mode | path | step | batch | window | ms / image | forwards | tokens / forward | "
+                  "ms / token | engine ms / forward |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['mode']} | {r.get('path', 'eager')} | {r.get('step', 'host')} | {r.get('batch', 1)} | "
+                  f"{r.get('window') or '-'} | "
                   f"{r['ms_per_image']:.1f} | {r['forwards']:.1f} | {r['tokens_per_forward']:.2f} | "
                   f"{r['ms_per_token']:.3f} | {r['engine_ms_per_forward']:.2f} |" for r in results["embedded"]]
         lines.append("")
@@ -447,6 +453,9 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="*", default=["ar", "sjd", "gsd", "lantern", "vvs"])
     ap.add_argument("--images", type=int, default=3, help="timed embedded batches per mode")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="embedded batch sizes")
+    ap.add_argument("--steps", nargs="+", choices=["host", "device"], default=["host", "device"],
+                    help="the embedded modes' verify step: read on the host every step, or kept on the device "
+                         "(read every few steps; where a mode allows it)")
     ap.add_argument("--scale", type=float, default=1.0, help="the models' widths and depths times this")
     ap.add_argument("--bandwidth-side", type=int, default=None, help="default: 16384 on CUDA, 2048 on CPU")
     ap.add_argument("--offload", action="store_true", help="also each dtype offloaded (but nf4): " + OFFLOAD_HELP)

@@ -189,9 +189,18 @@ class RepetitionPenalty:
         self.log[:, -1] = -1
         self.lengths = [n + c for n, c in zip(self.lengths, host)]
 
-    def rollback(self, n: list[int]) -> None:
+    def rollback(self, n: list[int] | torch.Tensor) -> None:
+        """``n`` host integers, or a device tensor the host has not read (the engine's step on the
+        device): then ``lengths`` stay upper bounds (the log grows by them) until :meth:`sync`."""
+        if isinstance(n, torch.Tensor):
+            self.device_lengths = self.device_lengths - n.to(self.device_lengths.device)
+            return
         self.lengths = [length - k for length, k in zip(self.lengths, n)]
         self.device_lengths = self.device_lengths - torch.tensor(list(n), device=self.device_lengths.device)
+
+    def sync(self) -> None:
+        """``lengths`` exact again (one host read)."""
+        self.lengths = self.device_lengths.tolist()
 
     def keep_tree(self, nodes: torch.Tensor, counts: list[int]) -> None:
         """After :meth:`tree`: the nodes ``nodes[b, :counts[b]]`` stay in the cache, in order."""

@@ -105,7 +105,9 @@ class StaticCache:
         self.kv.advance([self._added] * self.kv.rows)
 
     def rollback(self, n: list[int]):
-        if any(n):
+        if isinstance(n, torch.Tensor):
+            self.kv.rollback_on_device(n)
+        elif any(n):
             self.kv.advance([-k for k in n])
 
     def keep_tree(self, nodes: torch.Tensor, counts: list[int]):
@@ -310,10 +312,19 @@ class TransformersAdapter(ImageAdapter):
         if self.repeats is not None:
             self.repeats.keep_tree(nodes, list(counts))
 
+    rolls_back_on_device = True
+
     def rollback(self, n):
-        self.cache.rollback(list(n) * (len(self.cache.valid) // len(n)))  # the same for every branch
+        reps = len(self.cache.valid) // len(n)  # the same for every branch
+        on_device = isinstance(n, torch.Tensor)
+        self.cache.rollback(n.repeat(reps) if on_device else list(n) * reps)
         if self.repeats is not None:
-            self.repeats.rollback(list(n))
+            self.repeats.rollback(n if on_device else list(n))
+
+    def sync_lengths(self):
+        self.cache.kv.sync_host()
+        if self.repeats is not None:
+            self.repeats.sync()
 
     def cache_lengths(self):
         return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths

@@ -363,9 +363,17 @@ class LlamaGenAdapter(ImageAdapter):
     def input_embeddings(self):
         return self.gpt.tok_embeddings.weight.detach()
 
+    rolls_back_on_device = True
+
     def rollback(self, n):
         branches = len(self.cache.host_length) // len(n)
-        self.cache.advance([-k for k in n] * branches)
+        if isinstance(n, torch.Tensor):
+            self.cache.rollback_on_device(n.repeat(branches))
+        else:
+            self.cache.advance([-k for k in n] * branches)
+
+    def sync_lengths(self):
+        self.cache.sync_host()
 
     @torch.no_grad()
     def forward_tree(self, tokens, parents, graph=None):

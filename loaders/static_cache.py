@@ -4,7 +4,8 @@ fixed-shape forwards (and CUDA graphs) built on it.
 :class:`StaticKV` holds per layer one ``[rows, heads, capacity, head_dim]`` key
 and value buffer for a whole decode (condition, image, and the windows past its
 end).  Each row has its own length (``length``, a tensor updated in place, and
-``host_length``, its host mirror); a forward writes its ``L`` new entries at
+``host_length``, its host mirror, or an upper bound of it while the engine's step rolls
+rows back on the device, :meth:`rollback_on_device`); a forward writes its ``L`` new entries at
 each row's next positions, and rolling back is moving the length: the entries
 past it are never read again before being overwritten, because a query sees
 keys up to its own position only.
@@ -179,6 +180,8 @@ class StaticKV:
         self.capacity, self.rows, self.bucket = capacity, rows, bucket
         self.pos = None
         self.keys = 0
+        self.bounded = False  # host_length holds upper bounds, host_floor lower ones (rollback_on_device)
+        self.host_floor = self.host_length
 
     def reset(self, key_ok: torch.Tensor | None = None) -> None:
         """Empty every row (in place: captured forwards keep reading these tensors);
@@ -186,6 +189,7 @@ class StaticKV:
         self.length.zero_()
         self.offset.zero_()
         self.host_length = [0] * self.rows
+        self.bounded = False
         self.key_ok.fill_(True)
         if key_ok is not None:
             self.key_ok[:, : key_ok.shape[1]] = key_ok.bool()
@@ -193,12 +197,37 @@ class StaticKV:
 
     def keys_for(self, L: int) -> int:
         """Entries attention reads in a forward of ``L`` tokens: the longest row plus
-        ``L``, rounded up to the bucket."""
+        ``L``, rounded up to the bucket.  Where the host holds bounds of the lengths
+        (:meth:`rollback_on_device`) that round to different buckets, it reads the
+        lengths first: the count is then the one exact lengths give, so that attention
+        sums the same keys (and a forward gives the same numbers) whether the step runs
+        on the host or the device."""
+        if not self.bounded:  # exact now: the floor of the bounds a device rollback would leave
+            self.host_floor = self.host_length
         need = max(self.host_length) + L
-        keys = min(-(-need // self.bucket) * self.bucket, self.capacity)
+        if self.bounded and self._bucket(need) != self._bucket(max(self.host_floor) + L):
+            self.sync_host()
+            need = max(self.host_length) + L
         if need > self.capacity:
             raise RuntimeError(f"KV cache capacity {self.capacity} exceeded")
-        return keys
+        return min(self._bucket(need), self.capacity)
+
+    def _bucket(self, n: int) -> int:
+        return -(-n // self.bucket) * self.bucket
+
+    def rollback_on_device(self, n: torch.Tensor) -> None:
+        """Drop the last ``n[row]`` entries of each row, ``n`` a device tensor the host has
+        not read.  ``host_length`` becomes an upper bound of each row's length (it keeps
+        what the forwards added) and ``host_floor`` a lower one (the exact lengths before
+        the first such forward: a verify step never shrinks a row) until :meth:`sync_host`."""
+        self.length -= n
+        self.bounded = True
+
+    def sync_host(self) -> None:
+        """``host_length`` exact again (one host read)."""
+        if self.bounded:
+            self.host_length = self.length.tolist()
+            self.bounded = False
 
     def begin(self, L: int, keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Start a forward of ``L`` tokens per row, reading ``keys`` entries (default

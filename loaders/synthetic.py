@@ -78,8 +78,10 @@ class SyntheticAdapter(ImageAdapter):
             h = h + torch.nn.functional.gelu(h @ m)
         return h @ w["head"].T
 
+    rolls_back_on_device = True
+
     def rollback(self, n):
-        self.lengths -= torch.tensor(n, device=self.device)
+        self.lengths -= n if isinstance(n, torch.Tensor) else torch.tensor(n, device=self.device)
 
     def cache_lengths(self):
         return self.lengths.clone()

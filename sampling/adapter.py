@@ -130,8 +130,18 @@ class ImageAdapter:
     def rollback(self, n: list[int]) -> None:
         """Drop the last ``n[b]`` cached positions of sample ``b`` (``n[b] >= 0``).
         Host integers: the engine calls this right after its per-step
-        synchronisation, so adapters may use them freely (e.g. to crop a cache)."""
+        synchronisation, so adapters may use them freely (e.g. to crop a cache).
+        An adapter that sets ``rolls_back_on_device`` also takes ``n`` as an int64
+        ``[B]`` tensor the host has not read (the engine's step on the device)."""
         raise NotImplementedError
+
+    #: ``rollback`` takes a device tensor too: the engine may keep its step on the device
+    #: (engine.py), reading lengths every few steps; it calls :meth:`sync_lengths` then
+    rolls_back_on_device: bool = False
+
+    def sync_lengths(self) -> None:
+        """The engine has read the lengths after device rollbacks: what the adapter keeps of
+        them on the host may be made exact again."""
 
     def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor | None,
                      graph: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

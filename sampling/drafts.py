@@ -129,7 +129,7 @@ class JacobiDrafts:
         old = st.seq.gather(1, pos)
         had = pos < st.draft_end.unsqueeze(1)  # holds a draft from before this pass
         new = self._gumbel(st, probs, pos, L) if self.coupling == "gumbel" else samples
-        redrawn = tail & had
+        redrawn = tail & had & (pos < st.length)  # (a finished image's window looks past its end)
         st.drafts_redrawn += redrawn.sum(1)
         st.drafts_kept += (redrawn & (new == old)).sum(1)
         st.seq.scatter_(1, pos, torch.where(tail, new, old))

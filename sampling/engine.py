@@ -31,6 +31,19 @@ A skipped step (VVS) commits part of each sample's informed draft tail without a
 forward.  The only host synchronisation per step is reading the new lengths
 (plus the skip plan); plain AR needs none.
 
+**The step on the device** (``device_step``; on auto on CUDA): the verify step reads
+nothing on the host.  Its window is the full width every step (rows past the image
+masked), the adapter rolls its cache back by a device tensor (``rolls_back_on_device``),
+new drafts are initialised over the whole horizon (positions past each sample's stop
+masked), and a non-finite row is kept as a device (step, position).  The host reads the
+lengths every ``READ_EVERY`` steps, and every step once the slowest image could have
+ended; a static KV cache reads them too where the bounds it keeps would read another
+bucket of keys.  The tokens are the host step's; so one graph can hold the forward and
+the step (``tests/test_device_step.py`` compiles it with ``fullgraph=True``).  Draft
+models and heads, trees, proactive and row-parallel drafts, gumbel coupling and
+skipping schedules (VVS) shape their work by lengths read on the host: they keep the
+host step (``device_step_blocker`` says why).
+
 A verified distribution that is not one (NaN, from a NaN or infinite logit, as
 float16 weights produce when they overflow) stops decoding with
 :class:`~.checks.NonFiniteError` naming the step and position; it is read from the row
@@ -53,7 +66,7 @@ from .config import KNOBS, ConfigError, DecodeConfig
 from .drafts import DraftSource, JacobiDrafts
 from . import proactive, scoring
 from .rows import RowGrid, draft_rows, force_fixed, judge_rows, settle_rows
-from .checks import AR_CHECK_EVERY, check_ar, check_shape, raise_if_nonfinite
+from .checks import AR_CHECK_EVERY, NonFiniteError, check_ar, check_shape, raise_if_nonfinite
 from .memory import check_fits, state_bytes_per_image
 from .neighbours import TokenGeometry
 from .processing import build_pipeline
@@ -66,6 +79,9 @@ from . import window
 
 EXACT = ExactAcceptance()
 DENSE_RESIDUAL = 1 << 17  # CPU: window rows x vocabulary up to which every row's residual is drawn
+#: the step on the device: verify steps between the host's reads of the lengths (an image that
+#: ends first rides along, committing nothing, as on the host step; near the end it reads every step)
+READ_EVERY = 8
 
 @dataclass
 class StepEvent:
@@ -117,7 +133,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, adapter: ImageAdapter, config: DecodeConfig, drafter: DraftSource | None = None,
-                 surface: str = "api", vocabulary: str = "compact"):
+                 surface: str = "api", vocabulary: str = "compact", device_step: bool | None = None):
         if vocabulary not in ("compact", "full"):
             raise ValueError(f"vocabulary must be 'compact' or 'full' (got {vocabulary!r})")
         self.base_adapter = adapter
@@ -200,6 +216,36 @@ class SpeculativeDecoder:
         # old drafts (see _verify), and under exact acceptance that is the verifier's test
         self.coupled = getattr(self.drafter, "redraw", "independent") == "coupled"
         self.exact = type(self.rule) is ExactAcceptance
+        self.device_step_blocker = self._device_step_blocker(drafter)
+        if device_step and self.device_step_blocker:
+            raise ConfigError(f"the step cannot stay on the device: {self.device_step_blocker}")
+        self.device_step = device_step
+
+    def _device_step_blocker(self, drafter) -> str | None:
+        """Why this decoder's verify step needs the host every step (None: it need not)."""
+        c = self.config
+        if not c.drafts:
+            return None  # plain AR reads nothing per step anyway
+        if drafter is not None:
+            return f"the {getattr(drafter, 'name', '') or 'draft model'} drafts from lengths read on the host"
+        if c.verify_schedule != "every":
+            return f"the {c.verify_schedule!r} schedule decides its skips on the host"
+        if c.draft_coupling == "gumbel":
+            return "gumbel coupling draws its noise by lengths read on the host"
+        if self.proactive or self.rows:
+            return "proactive and row-parallel drafts are shaped by lengths read on the host"
+        if not getattr(self.adapter, "rolls_back_on_device", False):
+            return f"{type(self.base_adapter).__name__} rolls its cache back by lengths read on the host"
+        return None
+
+    def _steps_on_device(self, trial) -> bool:
+        """Whether this decode keeps its step on the device: asked for, or (on auto) on CUDA
+        where nothing needs the host; never while the window on auto times its own steps."""
+        if trial is not None or self.device_step_blocker or not self.config.drafts:
+            return False
+        if self.device_step is None:
+            return torch.device(self.adapter.device).type == "cuda"
+        return self.device_step
 
     # -- public -------------------------------------------------------------
     def generate(
@@ -271,6 +317,7 @@ class SpeculativeDecoder:
             else:
                 config = replace(config, window=choice.width)
         st = DecodeState(ad, config, seeds, device, self.geometry)
+        st.device_step = self._steps_on_device(trial)
         if trial is not None:
             st.set_drafts(trial.width)
         if self.rows:
@@ -300,7 +347,7 @@ class SpeculativeDecoder:
                 self._extend(st)
         self._notify(callback, st)
 
-        plan = None
+        plan, read = None, st.step
         while min(st.host_committed) < T:
             st.step += 1
             if trial is not None and trial.open:  # the decode times its own steps (window.Trial)
@@ -316,6 +363,12 @@ class SpeculativeDecoder:
                 width = trial.record(window.now() - began, forward, (sum(st.host_committed) - before) / B)
                 if width is not None:
                     st.set_drafts(width)
+            if st.device_step:  # the host reads every READ_EVERY steps, and every step once the batch
+                # could have ended (no forward is spent past it); the callback sees those
+                if st.step % READ_EVERY and min(st.host_committed) + (st.step - read) * (st.drafts + 1) < T:
+                    continue
+                self._read(st)
+                read = st.step
             self._notify(callback, st)
 
         if not st.drafting:
@@ -331,6 +384,18 @@ class SpeculativeDecoder:
         tokens = st.seq[:, :T]
         ids = self.to_ids(tokens)  # a compact vocabulary's ids are a new tensor; the stream's view is copied
         return DecodeResult(tokens.clone() if ids is tokens else ids, reports)
+
+    def _read(self, st: DecodeState):
+        """The step on the device: what the host reads every ``READ_EVERY`` steps (lengths,
+        and the first distribution that was not one, by step)."""
+        cached, committed, bad_step, bad_pos = torch.stack(
+            [st.n_cached, st.n_committed, st.bad_step, st.bad_pos]).tolist()
+        bad = [(s, b) for b, s in enumerate(bad_step) if s >= 0]
+        if bad:
+            step, b = min(bad)
+            raise NonFiniteError(step, b, bad_pos[b])
+        st.host_cached, st.host_committed = cached, committed
+        self.adapter.sync_lengths()
 
     def to_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """The model's ids of the engine's tokens (they differ under a compact vocabulary)."""
@@ -404,9 +469,12 @@ class SpeculativeDecoder:
 
     def _verify(self, st: DecodeState, timer: "Timer"):
         ad, B, T = self.adapter, st.batch, st.length
-        waiting = max(c - n for c, n in zip(st.host_committed, st.host_cached))
-        L = max(1, min(st.drafts + waiting, max(T - n for n in st.host_cached)))
-        near_end = max(st.host_cached) + L >= T  # some window rows predict past the image
+        if st.device_step:  # nothing read on the host: the full window, its rows past the image masked
+            waiting, L, near_end = 1, st.drafts + 1, True
+        else:
+            waiting = max(c - n for c, n in zip(st.host_committed, st.host_cached))
+            L = max(1, min(st.drafts + waiting, max(T - n for n in st.host_cached)))
+            near_end = max(st.host_cached) + L >= T  # some window rows predict past the image
         base = st.n_cached
         window = st.arange(L)
         pos = base.unsqueeze(1) + window  # input positions [B, L]
@@ -492,7 +560,7 @@ class SpeculativeDecoder:
             had = target < st.draft_end.unsqueeze(1)
             stays = test if self.exact else u[..., 0] < EXACT.accept_prob(
                 probs, DraftDistributions(st.ring, slots, st.batch_idx), x)
-            drawn = self._coupled_draws(st, probs, slots, had, stays, x, u)
+            drawn = self._coupled_draws(st, probs, slots, had, stays, x, u, dense=st.device_step)
         else:
             drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
         bad = st.buffer("cumsum", L)[..., -1].isnan() & (target < T)  # rows that are no distribution
@@ -552,6 +620,13 @@ class SpeculativeDecoder:
             st.verified += committed_before < T
         st.verified_since_skip += 1
 
+        if st.device_step:  # the first bad row stays on the device until the host reads (_read)
+            newly = (st.bad_step < 0) & (first_bad >= 0)
+            st.bad_pos = torch.where(newly, base + first_bad + 1, st.bad_pos)
+            st.bad_step = torch.where(newly, st.step, st.bad_step)
+            ad.rollback(L - keep)
+            self._extend(st)
+            return None
         plan = self.schedule.plan(st)
         sync = torch.stack([st.n_cached, st.n_committed, L - keep, first_bad]
                            + ([plan] if plan is not None else [])).tolist()
@@ -670,7 +745,7 @@ class SpeculativeDecoder:
         ad.keep_tree(nodes, sync[2])  # the waiting chain and the accepted nodes stay, the rest leaves
 
     @staticmethod
-    def _coupled_draws(st, probs, slots, had, stays, x, u):
+    def _coupled_draws(st, probs, slots, had, stays, x, u, dense=False):
         """One token per window row, each with the row's sample uniform: the draft
         ``x`` where the row had one and it stays, a draw from ``norm(max(0, p - q))``
         (``q``: the draft's row in the ring) where it falls, a draw from ``p`` where
@@ -683,9 +758,10 @@ class SpeculativeDecoder:
         each row is drawn once from ``max(0, p - had * q)`` (a few whole-window ops,
         no host sync); larger CPU windows draw every row from ``p`` and then pick the
         falling rows, so rows that keep their draft cost no pass over the
-        vocabulary.  Both give the same tokens."""
+        vocabulary.  Both give the same tokens; the step on the device (``dense``) draws
+        densely, as picking rows would read their number on the host."""
         B, L, V = probs.shape
-        if probs.is_cuda or had.numel() * V <= DENSE_RESIDUAL:
+        if dense or probs.is_cuda or had.numel() * V <= DENSE_RESIDUAL:
             # rows without a draft draw from p: their q counts as zero
             res = st.rows(st.ring, slots, "residual")
             torch.addcmul(probs, res, had.unsqueeze(-1), value=-1, out=res).clamp_(min=0.0)
@@ -717,6 +793,13 @@ class SpeculativeDecoder:
 
     def _extend(self, st: DecodeState):
         """Initialise drafts up to ``n_committed + horizon`` for every sample."""
+        if st.device_step:  # as many positions as the horizon, those past a sample's stop masked
+            start = torch.maximum(st.draft_end, st.n_committed)
+            stop = (st.n_committed + st.horizon).clamp(max=st.length)
+            if st.horizon:
+                self.drafter.extend(st, start, stop, st.horizon)
+            st.draft_end = torch.maximum(start, stop)
+            return
         # never over committed tokens: a source may leave draft_end behind them
         st.host_draft_end = [max(d, c) for d, c in zip(st.host_draft_end, st.host_committed)]
         # no drafts past the image: no window scores them (a draft model would spend forwards on them)

@@ -45,7 +45,7 @@ class LinearGuidance:
 
     def __call__(self, logits: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         logits = _float(logits)
-        return torch.lerp(logits[1], logits[0], self.scale, out=logits[1])
+        return logits[1].lerp_(logits[0], self.scale)  # in place (a view: no out=, which compiles)
 
 
 class ScheduledGuidance:
@@ -64,7 +64,7 @@ class ScheduledGuidance:
         if positions is None:
             raise ValueError("a scheduled guidance scale needs the stream positions of the logits")
         weight = self.scales[positions].unsqueeze(-1)  # [B, L, 1]
-        return torch.lerp(logits[1], logits[0], weight, out=logits[1])
+        return logits[1].lerp_(logits[0], weight)
 
 
 class LogSoftmaxGuidance(LinearGuidance):

@@ -4,7 +4,9 @@ Positions are *stream* positions (structural tokens included), ``0 .. length-1``
 per sample ``b`` the state tracks how many are **committed** (final) and how
 many the adapter has **cached**.  Tensors live on the model's device; the
 ``host_*`` lists mirror some of them and are refreshed by the one host
-synchronisation per step, so code that needs a Python int reads those.
+synchronisation per step, so code that needs a Python int reads those (with the
+step on the device, ``device_step``, they are read every few steps only: lower
+bounds of the lengths in between).
 
 What a **draft source** (``drafts.py``; a new one needs this file only) may use:
 
@@ -134,6 +136,10 @@ class DecodeState:
         self.any_forced = bool((lay.forced >= 0).any())  # some positions hold a forced token
         self.step = 0
         self.bad_step = torch.full((self.batch,), -1, dtype=torch.long, device=device)  # AR: first NaN step
+        self.bad_pos = torch.full_like(self.bad_step, -1)  # the step on the device: its position
+        #: the verify step stays on the device (engine.py): the host_* lists are read every few
+        #: steps only (then lower bounds of the lengths); a source must not need them exact
+        self.device_step = False
         self.verified_since_skip = 0
         self.window_positions = None
         # (kind, committed before, committed after, rejected, position of the drawn

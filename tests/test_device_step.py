@@ -1,0 +1,272 @@
+"""The verify step on the device (``sampling/engine.py``, ``device_step``): acceptance, the commit
+of each image's accepted prefix, redrawn drafts, the cache's rollback and the new drafts stay device
+tensors, and the host reads the lengths every ``READ_EVERY`` steps.  The tokens are the host step's
+for every mode and drafting kind it takes and every family's tiny model; it samples the exact joint;
+the whole step, forward included, compiles as one graph, where the host step's read breaks it."""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+
+import pytest
+import torch
+
+from spec_ar.loaders import chameleon, emu3, embedded, janus, liquid, llamagen, lumina2, simplear
+from spec_ar.loaders.detect import load_model
+from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+from spec_ar.sampling import engine
+
+from .chameleon_files import write_chameleon
+from .checkpoints import random_gpt, tiny_gpt_spec, tiny_janus, write_gpt, write_janus, write_t5, write_vq
+from .emu35_files import write_emu35
+from .emu3_files import write_emu3
+from .glm_image_files import write_glm_image
+from .liquid_files import write_liquid
+from .lumina2_files import write_lumina2
+from .simplear_files import write_simplear
+from .test_exactness import chi_square
+
+PROMPTS = ["a cat", "a dog on a hill at night"]  # two lengths: left padding, and images that end apart
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    d = tmp_path_factory.mktemp("device-step")
+    model, tok = tiny_janus(seed=3)
+    t2i = write_gpt(d / "t2i.pt", random_gpt(tiny_gpt_spec("t2i", cond_tokens=120), seed=1))
+    return {
+        "embedded": embedded.load(),
+        "llamagen-c2i": llamagen.load(write_gpt(d / "c2i.pt", random_gpt(tiny_gpt_spec("c2i"), seed=2)),
+                                      write_vq(d / "vq.pt"), resolution=128),
+        "llamagen-t2i": llamagen.load(t2i, write_vq(d / "vq.pt"), write_t5(d / "t5"), resolution=256),
+        "janus": janus.load(write_janus(d / "Janus-Pro-tiny", model, tok)),
+        "lumina": chameleon.load(write_chameleon(d / "Lumina-mGPT-7B-768", "lumina"), width=96, height=64),
+        "anole": chameleon.load(write_chameleon(d / "Anole-7b-hf", "anole", seed=1)),
+        "emu3": emu3.load(write_emu3(d / "Emu3-Gen-tiny", seed=1), resolution=64),
+        "liquid": liquid.load(write_liquid(d / "Liquid_V1_7B", seed=1)),
+        "lumina2": lumina2.load(write_lumina2(d / "Lumina-mGPT-2.0", seed=1), width=64, height=32),
+        "simplear": simplear.load(write_simplear(d / "SimpleAR-tiny", seed=1), width=64, height=48),
+        "emu3.5": load_model(write_emu35(d / "Emu3.5-Image"), width=64, height=48),
+        "glm-image": load_model(write_glm_image(d / "GLM-Image"), width=96, height=64),
+    }
+
+
+def conditions(model):
+    return [3, 7] if model.condition == "class" else ["a red circle", "a blue square on a striped background"] \
+        if model.family == "embedded" else PROMPTS
+
+
+def decode(model, config, device_step, path="eager", seeds=(4, 5), callback=None):
+    ad = model.adapter
+    ad.decode_path, ad.cache = path, None
+    try:
+        decoder = SpeculativeDecoder(ad, config, device_step=device_step)
+        return decoder.generate(conditions(model)[: len(seeds)], seeds=list(seeds), callback=callback)
+    finally:
+        ad.decode_path, ad.cache = "eager", None
+
+
+MODES = {"ar": dict(mode="ar"), "sjd": dict(mode="sjd", window=6), "gsd": dict(mode="gsd", window=6),
+         "lantern": dict(mode="lantern", window=6, lantern_k=4),
+         "sjd-independent": dict(mode="sjd", window=6, draft_coupling="none"),
+         "sjd-random-init": dict(mode="sjd", window=6, init="random", draft_coupling="none"),
+         "sjd-repeat-above": dict(mode="sjd", window=6, init="repeat-above"),
+         "gsd-independent": dict(mode="gsd", window=6, draft_coupling="none"),
+         "sjd-window-1": dict(mode="sjd", window=1)}
+CHEAP = ["embedded", "llamagen-c2i", "llamagen-t2i", "janus", "lumina", "emu3"]  # anole, liquid: 1025, 1024 positions
+OTHERS = [("anole", "sjd"), ("liquid", "lantern"), ("lumina2", "sjd"), ("lumina2", "gsd-independent"),
+          ("simplear", "sjd"), ("simplear", "lantern"), ("emu3.5", "sjd"), ("emu3.5", "gsd"),
+          ("glm-image", "sjd"), ("glm-image", "sjd-independent")]
+
+
+@pytest.mark.parametrize("family,mode", [(f, m) for f in CHEAP for m in MODES] + OTHERS)
+def test_the_step_on_the_device_gives_the_host_steps_tokens(families, family, mode):
+    model = families[family]
+    # the tiny SimpleAR under its guidance of 6 is all but deterministic and its Jacobi drafts never land;
+    # the tiny GLM-Image's land at a lower temperature
+    config = DecodeConfig(**MODES[mode], **{"simplear": {"cfg_scale": 1.0}, "glm-image": {"temperature": 0.5}}.get(
+        family, {}))
+    host = decode(model, config, device_step=False)
+    device = decode(model, config, device_step=True)
+    assert torch.equal(device.tokens, host.tokens)
+    assert [r.nfe for r in device.reports] == [r.nfe for r in host.reports]
+    assert [r.origins for r in device.reports] == [r.origins for r in host.reports]
+    if mode != "ar":  # not vacuous: windows were partly rejected, and the two images took different steps
+        assert any(r.nfe < r.tokens for r in host.reports)
+
+
+@pytest.mark.parametrize("mode", ["sjd", "lantern"])
+def test_the_static_path_too(families, mode):
+    model = families["janus"]
+    config = DecodeConfig(**MODES[mode])
+    host = decode(model, config, device_step=False, path="static")
+    assert torch.equal(decode(model, config, device_step=True, path="static").tokens, host.tokens)
+
+
+def test_the_host_reads_every_few_steps_and_every_step_once_the_batch_could_end(families, monkeypatch):
+    """Reads every READ_EVERY steps (the callback sees those), and every step once the slowest
+    image could have ended (its last read length plus a full window a step since), so no
+    forward is spent past the end; an image that ends first rides along as on the host step."""
+    model = families["embedded"]
+    reads, seen = [], []
+    original = engine.SpeculativeDecoder._read
+    monkeypatch.setattr(engine.SpeculativeDecoder, "_read", lambda self, st: (reads.append(st.step),
+                                                                             original(self, st))[1])
+    config = DecodeConfig(mode="sjd", window=6)
+    result = decode(model, config, device_step=True, callback=lambda e: seen.append((e.step, e.kind)))
+    every = engine.READ_EVERY
+    steps = [s for s, k in seen if k != "P"]
+    assert reads == steps
+    spaced = [b - a for a, b in zip([0] + steps, steps)]
+    assert set(spaced) <= set(range(1, every + 1)) and spaced.count(every) >= 2
+    assert steps[-1] == max(r.nfe for r in result.reports) - 1  # the last forward ended the decode
+    assert len(steps) < steps[-1] / 2
+    assert min(r.nfe for r in result.reports) < max(r.nfe for r in result.reports)  # one ended first
+
+
+def test_at_batch_one_the_host_reads_far_less_than_once_a_step(families, monkeypatch):
+    """At batch 1 the device step syncs far less often than once per step: the KV cache reads its
+    lengths only where their bounds would round to another bucket of keys."""
+    model = families["embedded"]
+    syncs = []
+    from spec_ar.loaders import static_cache
+
+    original = static_cache.StaticKV.sync_host
+    monkeypatch.setattr(static_cache.StaticKV, "sync_host",
+                        lambda self: (syncs.append(self.bounded), original(self))[1])
+    result = decode(model, DecodeConfig(mode="sjd", window=6), device_step=True, seeds=(4,))
+    forwards = result.reports[0].nfe - 1
+    reads = sum(syncs)  # the engine's reads find bounds to make exact; a sync of exact lengths reads nothing
+    print(f"{reads} reads of the cache's lengths in {forwards} verify steps")
+    assert 0 < reads <= forwards // 2
+
+
+@pytest.mark.parametrize("config,why", [
+    (dict(mode="vvs", window=6), "'uniform' schedule decides its skips on the host"),
+    (dict(mode="sjd", window=6, draft_coupling="gumbel"), "gumbel coupling"),
+    (dict(mode="sjd", window=6, proactive=3), "proactive and row-parallel drafts"),
+    (dict(mode="sjd", window=6, rows=3, row_lead=2), "proactive and row-parallel drafts"),
+])
+def test_what_needs_the_host_is_named_and_runs_there_on_auto(families, config, why):
+    ad = families["embedded"].adapter
+    with pytest.raises(ConfigError, match=f"the step cannot stay on the device: .*{why}"):
+        SpeculativeDecoder(ad, DecodeConfig(**config), device_step=True)
+    decoder = SpeculativeDecoder(ad, DecodeConfig(**config))  # auto: the host step
+    assert decoder.device_step_blocker and not decoder._steps_on_device(None)
+
+
+def test_a_draft_model_is_named_too(families):
+    from spec_ar.loaders.detect import load_drafter
+
+    model = families["embedded"]
+    with pytest.raises(ConfigError, match="the step cannot stay on the device: the .* drafts from lengths read"):
+        SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3), drafter=load_drafter("embedded", model),
+                           device_step=True)
+
+
+def test_on_auto_the_step_stays_on_the_device_on_cuda_only(families):
+    decoder = SpeculativeDecoder(families["embedded"].adapter, DecodeConfig(mode="sjd", window=6))
+    assert decoder.device_step_blocker is None
+    assert decoder._steps_on_device(None) is False  # this adapter is on the CPU
+    assert SpeculativeDecoder(families["embedded"].adapter, DecodeConfig(mode="sjd", window=6),
+                              device_step=True)._steps_on_device("a trial") is False  # the window on auto times steps
+
+
+def test_a_non_finite_distribution_is_named_at_its_own_step(families):
+    from spec_ar.sampling.checks import NonFiniteError
+
+    model = families["embedded"]
+    ad = model.adapter
+    forward = type(ad).forward
+    calls = []
+
+    def poisoned(self, tokens):
+        logits = forward(self, tokens)
+        calls.append(1)
+        if len(calls) == 3:  # the third verify step's first row
+            logits[:, :, 0] = float("nan")
+        return logits
+
+    type(ad).forward = poisoned
+    try:
+        for device_step in (False, True):
+            calls.clear()
+            with pytest.raises(NonFiniteError) as err:
+                decode(model, DecodeConfig(mode="sjd", window=6), device_step=device_step)
+            assert err.value.step == 3 and err.value.sample == 0
+            assert len(calls) == (3 if not device_step else engine.READ_EVERY)  # found at the next read
+            assert err.value.position > 0
+    finally:
+        type(ad).forward = forward
+
+
+# -- exactness ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def enumerable():
+    """A class-conditional LlamaGen GPT with 4 image tokens of 3 ids (81 streams to
+    enumerate; 16 under top-k 2), weights drawn so that its conditionals differ."""
+    spec = llamagen.GPTSpec(dim=16, n_layer=1, n_head=2, ffn_hidden=32, vocab_size=3, kind="c2i", num_classes=2)
+    torch.manual_seed(0)
+    gpt = llamagen.LlamaGenGPT(spec)
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.normal_(0, 0.3)
+    return llamagen.LlamaGenAdapter(gpt.eval(), 2, codebook=torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("config", [dict(mode="sjd", window=3), dict(mode="sjd", window=3, draft_coupling="none")])
+def test_the_step_on_the_device_samples_the_exact_joint(enumerable, config):
+    settings = dict(cfg_scale=2.0, top_k=2, **config)
+    streams = torch.tensor(list(itertools.product(range(3), repeat=4)))
+    scorer = SpeculativeDecoder(enumerable, DecodeConfig(**settings))
+    ll = scorer.target_log_likelihood([1] * len(streams), streams).sum(1)
+    exact = {tuple(s): math.exp(v) for s, v in zip(streams.tolist(), ll.tolist()) if v > -math.inf}
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4) and max(exact.values()) < 0.2
+    decoder = SpeculativeDecoder(enumerable, DecodeConfig(**settings), device_step=True)
+    tokens = torch.cat([decoder.generate([1] * 1000, seeds=b * 1000).tokens for b in range(12)])
+    pvalue, impossible = chi_square(exact, tokens)
+    assert impossible == 0
+    assert pvalue > 1e-4
+
+
+# -- one graph ----------------------------------------------------------------------------------
+class Untimed:
+    """The report's timer is host instrumentation around the forward, outside what a graph
+    captures: the compiled step runs without it."""
+
+    def model(self):
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("family,mode", [("embedded", "sjd"), ("embedded", "gsd"), ("embedded", "lantern"),
+                                         ("embedded", "sjd-independent"), ("janus", "sjd")])
+def test_the_whole_step_compiles_as_one_graph(families, family, mode, monkeypatch):
+    """``torch.compile(fullgraph=True)`` of one verify step, the forward on the static path
+    included: acceptance, commit, redraw, rollback and new drafts, no graph break (a host read
+    would be one: the host step's fails the same compile); and the decode's tokens stay the
+    host step's."""
+    model = families[family]
+    config = DecodeConfig(**MODES[mode])
+    original = engine.SpeculativeDecoder._verify
+    compiled = torch.compile(original, fullgraph=True, backend="eager")
+    ran = []
+
+    def verify(self, st, timer):
+        if st.step == 3:
+            ran.append(st.device_step)
+            return compiled(self, st, Untimed())
+        return original(self, st, timer)
+
+    monkeypatch.setattr(engine.SpeculativeDecoder, "_verify", verify)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            stepped = decode(model, config, device_step=True, path="static")
+            with pytest.raises((torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError)):  # a host read
+                decode(model, config, device_step=False, path="static")
+    finally:
+        torch._dynamo.reset()
+    assert ran == [True, False]
+    monkeypatch.setattr(engine.SpeculativeDecoder, "_verify", original)
+    assert torch.equal(stepped.tokens, decode(model, config, device_step=False, path="static").tokens)
