@@ -328,8 +328,9 @@ def main(argv=None) -> int:
     ``spec-ar bench storage [options]`` (weight storage options side by side), ``spec-ar bench gpu
     [options]`` (bandwidth, 7B-class forwards against their floor, the embedded model per mode), or
     ``spec-ar bench auto-window [options]`` (the window on auto, quiet and beside busy processes), or ``spec-ar
-    bench cards [options]`` (what fits a card of each size), or ``spec-ar bench stages [options]`` (a model of
-    stages rendered with its stages taking turns in memory, measured)."""
+    bench cards [options]`` (what fits a card of each size), ``spec-ar bench stages [options]`` (a model of
+    stages rendered with its stages taking turns in memory, measured), or ``spec-ar bench leave [options]``
+    (finished images leaving the batch against riding along)."""
     from ..embedded_tools.demo import PROMPTS
     from .sweeps import sweep_help
 
@@ -354,6 +355,10 @@ def main(argv=None) -> int:
         from .stages import main as stages
 
         return stages(argv[1:])
+    if argv[:1] == ["leave"]:
+        from .leave import main as leave
+
+        return leave(argv[1:])
     if argv[:1] == ["auto-window"]:
         from .auto_window import main as auto_window
 

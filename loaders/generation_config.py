@@ -198,6 +198,13 @@ class RepetitionPenalty:
         self.lengths = [length - k for length, k in zip(self.lengths, n)]
         self.device_lengths = self.device_lengths - torch.tensor(list(n), device=self.device_lengths.device)
 
+    def keep(self, keep: list[int]) -> None:
+        """Only samples ``keep`` stay (images leaving the batch)."""
+        self.prompt = self.prompt[torch.tensor(keep, device=self.prompt.device)]
+        self.log = self.log[torch.tensor(keep, device=self.log.device)]
+        self.device_lengths = self.device_lengths[torch.tensor(keep, device=self.device_lengths.device)]
+        self.lengths = [self.lengths[b] for b in keep]
+
     def sync(self) -> None:
         """``lengths`` exact again (one host read)."""
         self.lengths = self.device_lengths.tolist()

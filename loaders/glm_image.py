@@ -197,6 +197,10 @@ class GridCache(StaticCache):
     def _inputs(self, positions, mask):
         return super()._inputs(grid_positions(positions, self.starts, self.table), mask)
 
+    def keep_rows(self, rows):
+        super().keep_rows(rows)
+        self.starts = self.starts[torch.tensor(rows, device=self.starts.device)]
+
 
 def grid_positions(positions: torch.Tensor, starts: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """1-D positions ``[rows, L]`` -> M-RoPE positions ``[3, rows, L]`` (see :class:`GridCache`)."""

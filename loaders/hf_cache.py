@@ -113,6 +113,11 @@ class StaticCache:
     def keep_tree(self, nodes: torch.Tensor, counts: list[int]):
         self.kv.keep(self._tree_start, nodes, counts)
 
+    def keep_rows(self, rows: list[int]):
+        """Only ``rows`` stay (images leaving the batch)."""
+        self.kv.keep_rows(rows)
+        self._pads = [self._pads[r] for r in rows]
+
 
 class TransformersAdapter(ImageAdapter):
     """What the transformers-based adapters (Janus, Chameleon, Emu3, Liquid) share: a
@@ -325,6 +330,17 @@ class TransformersAdapter(ImageAdapter):
         self.cache.kv.sync_host()
         if self.repeats is not None:
             self.repeats.sync()
+
+    drops_samples = True
+
+    def keep_samples(self, keep):
+        B = self.batch
+        self.cache.keep_rows([k * B + b for k in range(self.cache.kv.rows // B) for b in keep])
+        self.prompt_lengths = self.prompt_lengths[keep]
+        if self.repeats is not None:
+            self.repeats.keep(keep)
+        self.batch = len(keep)
+        self.graphs = new_forwards(self)  # graphs replay the old rows' tensors
 
     def cache_lengths(self):
         return torch.tensor(self.cache.valid[: self.batch]) - self.prompt_lengths

@@ -375,6 +375,14 @@ class LlamaGenAdapter(ImageAdapter):
     def sync_lengths(self):
         self.cache.sync_host()
 
+    drops_samples = True
+
+    def keep_samples(self, keep):
+        B = self.batch
+        self.cache.keep_rows([k * B + b for k in range(self.cache.rows // B) for b in keep])
+        self.batch = len(keep)
+        self.graphs = new_forwards(self)  # graphs replay the old rows' tensors
+
     @torch.no_grad()
     def forward_tree(self, tokens, parents, graph=None):
         from ..sampling.tree import ancestors

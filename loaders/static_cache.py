@@ -181,6 +181,7 @@ class StaticKV:
         self.pos = None
         self.keys = 0
         self.bounded = False  # host_length holds upper bounds, host_floor lower ones (rollback_on_device)
+        self.departed = 0  # the longest row that left (keep_rows)
         self.host_floor = self.host_length
 
     def reset(self, key_ok: torch.Tensor | None = None) -> None:
@@ -189,7 +190,7 @@ class StaticKV:
         self.length.zero_()
         self.offset.zero_()
         self.host_length = [0] * self.rows
-        self.bounded = False
+        self.bounded, self.departed = False, 0
         self.key_ok.fill_(True)
         if key_ok is not None:
             self.key_ok[:, : key_ok.shape[1]] = key_ok.bool()
@@ -204,10 +205,10 @@ class StaticKV:
         on the host or the device."""
         if not self.bounded:  # exact now: the floor of the bounds a device rollback would leave
             self.host_floor = self.host_length
-        need = max(self.host_length) + L
-        if self.bounded and self._bucket(need) != self._bucket(max(self.host_floor) + L):
+        need = max(max(self.host_length), self.departed) + L
+        if self.bounded and self._bucket(need) != self._bucket(max(max(self.host_floor), self.departed) + L):
             self.sync_host()
-            need = max(self.host_length) + L
+            need = max(max(self.host_length), self.departed) + L
         if need > self.capacity:
             raise RuntimeError(f"KV cache capacity {self.capacity} exceeded")
         return min(self._bucket(need), self.capacity)
@@ -271,6 +272,20 @@ class StaticKV:
             buf.scatter_(3, dst.expand_as(moved), moved)
         self.host_length = [a + c for a, c in zip(start, counts)]
         self.length.copy_(torch.tensor(self.host_length, device=self.length.device))
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Only ``rows`` stay (images leaving the batch): their entries, lengths and masks move to
+        new tensors of that many rows (graphs captured on the old ones must be captured again).
+        Attention goes on reading as many keys as the rows that left would have had it read (their
+        final lengths, ``departed``): the same sums, so the same numbers, as with them riding along."""
+        self.departed = max([self.departed] + [n for r, n in enumerate(self.host_length) if r not in rows])
+        idx = torch.tensor(rows, device=self.length.device)
+        self.K, self.V = self.K.index_select(1, idx), self.V.index_select(1, idx)
+        self.length, self.offset = self.length.index_select(0, idx), self.offset.index_select(0, idx)
+        self.key_ok = self.key_ok.index_select(0, idx)
+        self.host_length = [self.host_length[r] for r in rows]
+        self.host_floor = [self.host_floor[r] for r in rows]
+        self.rows = len(rows)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store ``k, v`` ``[rows, heads, L, hd]`` at each row's positions; return

@@ -79,6 +79,11 @@ class SyntheticAdapter(ImageAdapter):
         return h @ w["head"].T
 
     rolls_back_on_device = True
+    drops_samples = True
+
+    def keep_samples(self, keep):
+        idx = torch.tensor(keep, device=self.device)
+        self.cond, self.hist, self.lengths = self.cond[:, idx], self.hist[idx], self.lengths[idx]
 
     def rollback(self, n):
         self.lengths -= n if isinstance(n, torch.Tensor) else torch.tensor(n, device=self.device)

@@ -139,6 +139,14 @@ class ImageAdapter:
     #: (engine.py), reading lengths every few steps; it calls :meth:`sync_lengths` then
     rolls_back_on_device: bool = False
 
+    #: :meth:`keep_samples` narrows the batch (finished images leave it, engine.py)
+    drops_samples: bool = False
+
+    def keep_samples(self, keep: list[int]) -> None:
+        """Only samples ``keep`` (sorted indices into the batch) stay: their cache rows in
+        every guidance branch; later calls see a batch of ``len(keep)``."""
+        raise NotImplementedError
+
     def sync_lengths(self) -> None:
         """The engine has read the lengths after device rollbacks: what the adapter keeps of
         them on the host may be made exact again."""

@@ -31,6 +31,12 @@ A skipped step (VVS) commits part of each sample's informed draft tail without a
 forward.  The only host synchronisation per step is reading the new lengths
 (plus the skip plan); plain AR needs none.
 
+**Finished images leave the batch** (``LEAVE_SHARE``): where the adapter can drop samples
+(``drops_samples``) and nothing but the engine keeps per-image state, once a quarter of
+the batch has finished, their cache rows and state rows go and the forwards narrow
+(``DecodeState.leave``); the report and the result rejoin the whole batch, and step
+events describe it whole.  Every image is the one it would have been riding along.
+
 **The step on the device** (``device_step``; on auto on CUDA): the verify step reads
 nothing on the host.  Its window is the full width every step (rows past the image
 masked), the adapter rolls its cache back by a device tensor (``rolls_back_on_device``),
@@ -82,6 +88,9 @@ DENSE_RESIDUAL = 1 << 17  # CPU: window rows x vocabulary up to which every row'
 #: the step on the device: verify steps between the host's reads of the lengths (an image that
 #: ends first rides along, committing nothing, as on the host step; near the end it reads every step)
 READ_EVERY = 8
+#: finished images leave the batch once they are at least this share of it (a quarter): each leaving
+#: copies the KV cache's rows and, on CUDA, captures the narrower forwards' graphs again
+LEAVE_SHARE = 4
 
 @dataclass
 class StepEvent:
@@ -216,13 +225,19 @@ class SpeculativeDecoder:
         # old drafts (see _verify), and under exact acceptance that is the verifier's test
         self.coupled = getattr(self.drafter, "redraw", "independent") == "coupled"
         self.exact = type(self.rule) is ExactAcceptance
-        self.device_step_blocker = self._device_step_blocker(drafter)
+        host_bound = self._host_bound(drafter)
+        self.device_step_blocker = host_bound or (
+            None if getattr(adapter, "rolls_back_on_device", False) or not config.drafts else
+            f"{type(self.base_adapter).__name__} rolls its cache back by lengths read on the host")
         if device_step and self.device_step_blocker:
             raise ConfigError(f"the step cannot stay on the device: {self.device_step_blocker}")
         self.device_step = device_step
+        # finished images leave the batch (LEAVE_SHARE) where nothing else keeps per-image state
+        self.leaves = bool(config.drafts) and host_bound is None and getattr(adapter, "drops_samples", False)
 
-    def _device_step_blocker(self, drafter) -> str | None:
-        """Why this decoder's verify step needs the host every step (None: it need not)."""
+    def _host_bound(self, drafter) -> str | None:
+        """What in this configuration keeps state of its own per image and step, shaped by lengths
+        read on the host every step (None: nothing does; the engine's own state is all there is)."""
         c = self.config
         if not c.drafts:
             return None  # plain AR reads nothing per step anyway
@@ -234,8 +249,6 @@ class SpeculativeDecoder:
             return "gumbel coupling draws its noise by lengths read on the host"
         if self.proactive or self.rows:
             return "proactive and row-parallel drafts are shaped by lengths read on the host"
-        if not getattr(self.adapter, "rolls_back_on_device", False):
-            return f"{type(self.base_adapter).__name__} rolls its cache back by lengths read on the host"
         return None
 
     def _steps_on_device(self, trial) -> bool:
@@ -370,9 +383,12 @@ class SpeculativeDecoder:
                 self._read(st)
                 read = st.step
             self._notify(callback, st)
+            if self.leaves and (trial is None or not trial.open) and ad.decode_path != "compiled":
+                self._leave(st)  # (a trial counts tokens over its batch; a narrower batch would compile anew)
 
         if not st.drafting:
             check_ar(st)
+        st.rejoin()
         timer.stop()
         memory = self._memory_mb(st, timer)
         if trial is not None:
@@ -384,6 +400,16 @@ class SpeculativeDecoder:
         tokens = st.seq[:, :T]
         ids = self.to_ids(tokens)  # a compact vocabulary's ids are a new tensor; the stream's view is copied
         return DecodeResult(tokens.clone() if ids is tokens else ids, reports)
+
+    def _leave(self, st: DecodeState):
+        """Finished images leave the batch once they are a ``LEAVE_SHARE``-th of it: the adapter
+        drops their cache rows, the state its rows (state.py), and the forwards narrow.  An image
+        leaves once its cache holds the whole stream (the step after its last token): its length
+        is final, and a static cache reads as many keys as it would have riding along."""
+        keep = [b for b, n in enumerate(st.host_cached) if n < st.length]
+        if keep and (st.batch - len(keep)) * LEAVE_SHARE >= st.batch:
+            st.leave(keep)
+            self.adapter.keep_samples(keep)
 
     def _read(self, st: DecodeState):
         """The step on the device: what the host reads every ``READ_EVERY`` steps (lengths,
@@ -816,9 +842,19 @@ class SpeculativeDecoder:
 
 
     def _notify(self, callback, st):
-        if callback is not None:
-            callback(StepEvent(
-                step=st.step, kind=st.log[-1][0], committed=list(st.host_committed),
-                cached=list(st.host_cached), length=st.length, nfe=sum(k != "S" for k, *_ in st.log),
-                tokens=self.to_ids(st.seq),
-            ))
+        if callback is None:
+            return
+        committed, cached, tokens = list(st.host_committed), list(st.host_cached), st.seq
+        if st.left:  # the whole batch, the images that left it finished
+            B0, T = len(st.origin_seeds), st.length
+            committed, cached = [T] * B0, [T] * B0
+            tokens = st.seq.new_empty((B0, st.seq.shape[1]))
+            for b, (seq, _, _) in st.left.items():
+                tokens[b, :T] = seq
+            for i, b in enumerate(st.origin):
+                committed[b], cached[b], tokens[b] = st.host_committed[i], st.host_cached[i], st.seq[i]
+        callback(StepEvent(
+            step=st.step, kind=st.log[-1][0], committed=committed, cached=cached, length=st.length,
+            nfe=sum(k != "S" for k, *_ in st.log) + sum(k != "S" for _, _, part in st.log_parts for k, *_ in part),
+            tokens=self.to_ids(tokens),
+        ))

@@ -146,6 +146,64 @@ class DecodeState:
         # token) per step: origins, histograms and counts are rebuilt from it once
         # decoding ends (report.build_reports)
         self.log: list[tuple] = []
+        # images that left the batch: the batch's rows by original image, the seeds of the whole batch, the
+        # rows put aside (image -> (tokens, drafts redrawn, drafts kept)), the log of each earlier batch
+        self.origin = list(range(self.batch))
+        self.origin_seeds = list(seeds)
+        self.left: dict[int, tuple] = {}
+        self.log_parts: list[tuple] = []
+
+    # -- images leaving the batch (engine.py, LEAVE_SHARE) ----------------------------------------
+    #: per-sample tensors, indexed by the batch's rows
+    PER_SAMPLE = ("seq", "ring", "keys", "n_cached", "n_committed", "draft_end", "informed_end", "produced",
+                  "verified", "drafts_redrawn", "drafts_kept", "bad_step", "bad_pos")
+
+    def leave(self, keep: list[int]) -> None:
+        """Only the rows ``keep`` (a sorted list) stay in the batch: the others' tokens and counts
+        are put aside, the step log so far is kept by original image, and every per-sample tensor
+        and host list is narrowed (reusable buffers start again at the new size)."""
+        B0 = len(self.origin_seeds)
+        left = [b for b in range(self.batch) if b not in keep]
+        for b in left:
+            self.left[self.origin[b]] = (self.seq[b, : self.length].clone(), self.drafts_redrawn[b].clone(),
+                                         self.drafts_kept[b].clone())
+        self.log_parts.append((torch.tensor(self.origin, device=self.seq.device), B0, self.log))
+        self.log = []
+        idx = torch.tensor(keep, device=self.seq.device)
+        for name in self.PER_SAMPLE:
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.index_select(0, idx))
+        self.origin = [self.origin[b] for b in keep]
+        self.seeds = [self.seeds[b] for b in keep]
+        for name in ("host_cached", "host_committed", "host_draft_end"):
+            setattr(self, name, [getattr(self, name)[b] for b in keep])
+        self.batch = len(keep)
+        self.batch_idx = torch.arange(self.batch, device=self.seq.device).unsqueeze(1)
+        self.buffers, self.row_offsets = {}, {}
+
+    def rejoin(self) -> None:
+        """The whole batch again, in its first order, once decoding ends (for the report and the
+        result): the rows that left and the step log of every part."""
+        if not self.log_parts:
+            return
+        T, B0 = self.length, len(self.origin_seeds)
+        device = self.seq.device
+        self.log_parts.append((torch.tensor(self.origin, device=device), B0, self.log))
+        self.log = [entry for rows, _, part in self.log_parts for entry in _widen(part, rows, B0, T)]
+        self.log_parts = []
+        for b, (seq, redrawn, kept) in self.left.items():
+            self.left[b] = (torch.cat([seq, self.seq.new_full((self.seq.shape[1] - T,), seq[0])]), redrawn, kept)
+        rows = torch.tensor(self.origin, device=device)
+        for name, at in (("seq", 0), ("drafts_redrawn", 1), ("drafts_kept", 2)):
+            now = getattr(self, name)
+            full = now.new_empty((B0,) + tuple(now.shape[1:]))
+            full[rows] = now
+            for b, parts in self.left.items():
+                full[b] = parts[at]
+            setattr(self, name, full)
+        self.origin, self.seeds, self.batch = list(range(B0)), list(self.origin_seeds), B0
+        self.left = {}
 
     def set_drafts(self, drafts: int) -> None:
         """Draft ``drafts`` tokens a window from the next step on (the window on auto tries
@@ -215,3 +273,17 @@ class DecodeState:
         """Bytes of the engine's own tensors (memory reports on the CPU)."""
         tensors = [self.seq, self.ring] + list(self.buffers.values())
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _widen(log: list[tuple], rows: torch.Tensor, B0: int, T: int) -> list[tuple]:
+    """Step log entries of a narrowed batch (its rows the images ``rows``) as entries of the whole
+    batch: the images outside it committed nothing (from ``T`` to ``T``) and drew nothing."""
+    def full(t, fill):
+        if t is None:
+            return None
+        out = torch.full((B0,), fill, dtype=t.dtype, device=t.device)
+        out[rows] = t
+        return out
+
+    return [(kind, full(before, T), full(after, T), full(flag, False), full(new, T))
+            for kind, before, after, flag, new in log]

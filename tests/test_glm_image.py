@@ -129,6 +129,8 @@ def test_the_greedy_streams_are_transformers(model, folder, record, mode, path):
     ref = torch.tensor(record["records"][0]["stream_positions"])
     checked = 0
     for first, pos in spy.calls[1:]:
+        if pos.shape[1] < spy.calls[0][1].shape[1]:  # an image left the batch: the first one had ended
+            break
         k = first + torch.arange(pos.shape[2])
         inside = k < ref.shape[1]
         if path != "eager":  # a padded window's real tokens: its first ones

@@ -30,12 +30,15 @@ def run(model, config, prompts=(0, 1, 2), seed=0, window=5):
 
     def check(ev):
         # the adapter's cache holds exactly the committed prefix, minus the
-        # committed tokens the next forward will feed
+        # committed tokens the next forward will feed (while the whole batch is in it: finished
+        # images leave, and an event still tells of them)
         cached = model.cache_lengths().tolist()
-        assert cached == ev.cached
+        whole = len(cached) == len(prompts)
+        assert cached == ev.cached or not whole
         for b in range(len(prompts)):
             assert ev.cached[b] <= ev.committed[b] <= ev.length
-            assert torch.equal(model.hist[b, : cached[b]], ev.tokens[b, : cached[b]])
+            if whole:
+                assert torch.equal(model.hist[b, : cached[b]], ev.tokens[b, : cached[b]])
             if ev.kind != "S" and ev.committed[b] < ev.length:
                 assert ev.committed[b] - ev.cached[b] == 1, "one pending token after a verified step"
         events.append(ev)
