@@ -274,13 +274,16 @@ class StaticKV:
         self.length.copy_(torch.tensor(self.host_length, device=self.length.device))
 
     def keep_rows(self, rows: list[int]) -> None:
-        """Only ``rows`` stay (images leaving the batch): their entries, lengths and masks move to
-        new tensors of that many rows (graphs captured on the old ones must be captured again).
+        """Only ``rows`` stay (images leaving the batch): their entries move to the first rows of
+        the same buffers, their lengths and masks to new tensors (graphs captured on the old ones
+        must be captured again).
         Attention goes on reading as many keys as the rows that left would have had it read (their
         final lengths, ``departed``): the same sums, so the same numbers, as with them riding along."""
         self.departed = max([self.departed] + [n for r, n in enumerate(self.host_length) if r not in rows])
+        from ..sampling.state import narrowed
+
         idx = torch.tensor(rows, device=self.length.device)
-        self.K, self.V = self.K.index_select(1, idx), self.V.index_select(1, idx)
+        self.K, self.V = narrowed(self.K, rows, 1), narrowed(self.V, rows, 1)  # the same storage
         self.length, self.offset = self.length.index_select(0, idx), self.offset.index_select(0, idx)
         self.key_ok = self.key_ok.index_select(0, idx)
         self.host_length = [self.host_length[r] for r in rows]

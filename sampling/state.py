@@ -170,17 +170,17 @@ class DecodeState:
         self.log_parts.append((torch.tensor(self.origin, device=self.seq.device), B0, self.log))
         self.log = []
         idx = torch.tensor(keep, device=self.seq.device)
-        for name in self.PER_SAMPLE:
+        for name in self.PER_SAMPLE:  # the large ones in place; the step log holds the small ones
             t = getattr(self, name)
             if t is not None:
-                setattr(self, name, t.index_select(0, idx))
+                setattr(self, name, narrowed(t, keep) if name in ("seq", "ring") else t.index_select(0, idx))
         self.origin = [self.origin[b] for b in keep]
         self.seeds = [self.seeds[b] for b in keep]
         for name in ("host_cached", "host_committed", "host_draft_end"):
             setattr(self, name, [getattr(self, name)[b] for b in keep])
         self.batch = len(keep)
         self.batch_idx = torch.arange(self.batch, device=self.seq.device).unsqueeze(1)
-        self.buffers, self.row_offsets = {}, {}
+        self.row_offsets = {}  # (the reusable buffers serve a narrower batch as they are)
 
     def rejoin(self) -> None:
         """The whole batch again, in its first order, once decoding ends (for the report and the
@@ -287,3 +287,13 @@ def _widen(log: list[tuple], rows: torch.Tensor, B0: int, T: int) -> list[tuple]
 
     return [(kind, full(before, T), full(after, T), full(flag, False), full(new, T))
             for kind, before, after, flag, new in log]
+
+
+def narrowed(t: torch.Tensor, keep: list[int], dim: int = 0) -> torch.Tensor:
+    """``t`` with only the slices ``keep`` (sorted) along ``dim``, moved to its first ones in place: a view
+    of the same storage, no allocation (a ring of distributions is hundreds of megabytes at batch 16),
+    and only the slices after the first one dropped are copied."""
+    for i, k in enumerate(keep):
+        if k != i:  # k > i: slice k is read before anything is written to it
+            t.select(dim, i).copy_(t.select(dim, k))
+    return t.narrow(dim, 0, len(keep))
