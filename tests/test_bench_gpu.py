@@ -54,13 +54,15 @@ def test_the_report_prints_bandwidth_forwards_layers_and_the_embedded_modes(run)
     for k in results["kernels"]:  # each of int8's kernels runs on the CPU, near the widened weight's product
         assert k["ms"] > 0 and (k["dtype"] == "bfloat16" or 0 <= k["error"] <= 0.02), k
     assert "| int8 (int_mm) | 2 |" in text and "error" in text
-    assert [(r["path"], r["batch"], r["mode"]) for r in results["embedded"]] == [
-        (p, b, m) for p in ("eager", "static") for b in (1, 2) for m in ("ar", "sjd")]
-    ar, sjd = results["embedded"][:2]
+    # plain AR once (it reads nothing per step anyway), sjd with its verify step on the host and on the device
+    assert [(r["path"], r["batch"], r["mode"], r["step"]) for r in results["embedded"]] == [
+        (p, b, m, s) for p in ("eager", "static") for b in (1, 2)
+        for m, s in (("ar", "-"), ("sjd", "host"), ("sjd", "device"))]
+    ar, sjd, on_device = results["embedded"][:3]
     assert ar["forwards"] == 256 and ar["tokens_per_forward"] == 1.0 and ar["window"] is None
-    assert sjd["forwards"] < ar["forwards"]
+    assert sjd["forwards"] < ar["forwards"] and on_device["forwards"] == sjd["forwards"]  # the same decode
     assert sjd["window_choice"].startswith(f"window {sjd['window']} on auto")
-    assert "| sjd | eager | 1 |" in text and "| sjd | static | 2 |" in text
+    assert "| sjd | eager | host | 1 |" in text and "| sjd | static | device | 2 |" in text
 
 
 def test_the_floor_counts_only_the_layers_a_forward_runs(tmp_path):
