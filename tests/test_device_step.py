@@ -6,55 +6,25 @@ the whole step, forward included, compiles as one graph, where the host step's r
 from __future__ import annotations
 
 import contextlib
-import itertools
-import math
 
 import pytest
 import torch
 
-from spec_ar.loaders import chameleon, emu3, embedded, janus, liquid, llamagen, lumina2, simplear
 from spec_ar.loaders.detect import load_model
 from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder
 from spec_ar.sampling import engine
 
-from .chameleon_files import write_chameleon
-from .checkpoints import random_gpt, tiny_gpt_spec, tiny_janus, write_gpt, write_janus, write_t5, write_vq
 from .emu35_files import write_emu35
-from .emu3_files import write_emu3
 from .glm_image_files import write_glm_image
-from .liquid_files import write_liquid
-from .lumina2_files import write_lumina2
-from .simplear_files import write_simplear
 from .test_exactness import chi_square
-
-PROMPTS = ["a cat", "a dog on a hill at night"]  # two lengths: left padding, and images that end apart
+from .tiny_families import conditions, enumerable_llamagen, exact_joint, tiny_families
 
 
 @pytest.fixture(scope="module")
 def families(tmp_path_factory):
     d = tmp_path_factory.mktemp("device-step")
-    model, tok = tiny_janus(seed=3)
-    t2i = write_gpt(d / "t2i.pt", random_gpt(tiny_gpt_spec("t2i", cond_tokens=120), seed=1))
-    return {
-        "embedded": embedded.load(),
-        "llamagen-c2i": llamagen.load(write_gpt(d / "c2i.pt", random_gpt(tiny_gpt_spec("c2i"), seed=2)),
-                                      write_vq(d / "vq.pt"), resolution=128),
-        "llamagen-t2i": llamagen.load(t2i, write_vq(d / "vq.pt"), write_t5(d / "t5"), resolution=256),
-        "janus": janus.load(write_janus(d / "Janus-Pro-tiny", model, tok)),
-        "lumina": chameleon.load(write_chameleon(d / "Lumina-mGPT-7B-768", "lumina"), width=96, height=64),
-        "anole": chameleon.load(write_chameleon(d / "Anole-7b-hf", "anole", seed=1)),
-        "emu3": emu3.load(write_emu3(d / "Emu3-Gen-tiny", seed=1), resolution=64),
-        "liquid": liquid.load(write_liquid(d / "Liquid_V1_7B", seed=1)),
-        "lumina2": lumina2.load(write_lumina2(d / "Lumina-mGPT-2.0", seed=1), width=64, height=32),
-        "simplear": simplear.load(write_simplear(d / "SimpleAR-tiny", seed=1), width=64, height=48),
-        "emu3.5": load_model(write_emu35(d / "Emu3.5-Image"), width=64, height=48),
-        "glm-image": load_model(write_glm_image(d / "GLM-Image"), width=96, height=64),
-    }
-
-
-def conditions(model):
-    return [3, 7] if model.condition == "class" else ["a red circle", "a blue square on a striped background"] \
-        if model.family == "embedded" else PROMPTS
+    return {**tiny_families(d), "emu3.5": load_model(write_emu35(d / "Emu3.5-Image"), width=64, height=48),
+            "glm-image": load_model(write_glm_image(d / "GLM-Image"), width=96, height=64)}
 
 
 def decode(model, config, device_step, path="eager", seeds=(4, 5), callback=None):
@@ -204,25 +174,13 @@ def test_a_non_finite_distribution_is_named_at_its_own_step(families):
 # -- exactness ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def enumerable():
-    """A class-conditional LlamaGen GPT with 4 image tokens of 3 ids (81 streams to
-    enumerate; 16 under top-k 2), weights drawn so that its conditionals differ."""
-    spec = llamagen.GPTSpec(dim=16, n_layer=1, n_head=2, ffn_hidden=32, vocab_size=3, kind="c2i", num_classes=2)
-    torch.manual_seed(0)
-    gpt = llamagen.LlamaGenGPT(spec)
-    with torch.no_grad():
-        for p in gpt.parameters():
-            p.normal_(0, 0.3)
-    return llamagen.LlamaGenAdapter(gpt.eval(), 2, codebook=torch.randn(3, 4))
+    return enumerable_llamagen()
 
 
 @pytest.mark.parametrize("config", [dict(mode="sjd", window=3), dict(mode="sjd", window=3, draft_coupling="none")])
 def test_the_step_on_the_device_samples_the_exact_joint(enumerable, config):
     settings = dict(cfg_scale=2.0, top_k=2, **config)
-    streams = torch.tensor(list(itertools.product(range(3), repeat=4)))
-    scorer = SpeculativeDecoder(enumerable, DecodeConfig(**settings))
-    ll = scorer.target_log_likelihood([1] * len(streams), streams).sum(1)
-    exact = {tuple(s): math.exp(v) for s, v in zip(streams.tolist(), ll.tolist()) if v > -math.inf}
-    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-4) and max(exact.values()) < 0.2
+    exact = exact_joint(enumerable, settings)
     decoder = SpeculativeDecoder(enumerable, DecodeConfig(**settings), device_step=True)
     tokens = torch.cat([decoder.generate([1] * 1000, seeds=b * 1000).tokens for b in range(12)])
     pvalue, impossible = chi_square(exact, tokens)
