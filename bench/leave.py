@@ -12,6 +12,7 @@ tokens are the same (they must be).  Writes ``leave.json`` and ``report.md`` int
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import statistics
@@ -60,26 +61,25 @@ def main(argv=None) -> int:
             results = {}
             for r in range(args.repeats):
                 for kind, decoder in decoders.items():
-                    steps = []
+                    steps, widths = [], []
                     timer = Timer(ad.device)
                     timer.start()
-                    result = decoder.generate(prompts, seeds=args.seed + 1000 * (r + 1),
-                                              callback=lambda e, steps=steps: steps.append(e.cached))
+                    with counted_rows(ad, widths):
+                        result = decoder.generate(prompts, seeds=args.seed + 1000 * (r + 1),
+                                                  callback=lambda e, steps=steps: steps.append(e.step))
                     timer.stop()
                     times[kind].append(timer.total)
-                    results[kind] = (result, steps)
-            (ride, ride_steps), (left, left_steps) = results["ride along"], results["leave"]
+                    results[kind] = (result, steps, sum(widths))
+            (ride, ride_steps, _), (left, _, _) = results["ride along"], results["leave"]
             row = {"batch": batch, "mode": mode, "window": left.reports[0].settings.get("window"),
                    "same_tokens": bool(torch.equal(ride.tokens, left.tokens)),
                    "steps": len(ride_steps) - 1,
                    "forwards_per_image": statistics.mean(r.nfe for r in left.reports),
                    "slowest_forwards": max(r.nfe for r in left.reports)}
-            for kind, steps in (("ride along", ride_steps), ("leave", left_steps)):
+            for kind in decoders:
                 key = kind.replace(" ", "_")
                 row[f"{key}_ms"] = 1000 * statistics.median(times[kind])
-                # rows each forward ran: the images still in the batch at each step (all of them riding along)
-                row[f"{key}_image_forwards"] = (batch * (len(steps) - 1) if kind == "ride along"
-                                                else _rows_run(steps, model.adapter.layout.length))
+                row[f"{key}_image_forwards"] = results[kind][2]  # the images each forward ran, summed
             row["speedup"] = row["ride_along_ms"] / row["leave_ms"]
             row["times_ms"] = {k: [round(1000 * t) for t in v] for k, v in times.items()}
             rows.append(row)
@@ -93,20 +93,20 @@ def main(argv=None) -> int:
     return 0 if all(r["same_tokens"] for r in rows) else 1
 
 
-def _rows_run(steps: list[list[int]], length: int) -> int:
-    """Images in the batch at each forward, summed, from the cached lengths after each step: an image is
-    in until the step after the one that cached its whole stream, with a quarter of the batch at least
-    (the engine's rule, replayed)."""
-    from ..sampling.engine import LEAVE_SHARE
+@contextlib.contextmanager
+def counted_rows(adapter, rows: list[int]):
+    """Appends to ``rows`` the images each of ``adapter``'s verify forwards runs, while within."""
+    forward = adapter.forward
 
-    inside = set(range(len(steps[0])))
-    total = 0
-    for cached in steps[1:]:
-        total += len(inside)
-        done = [b for b in inside if cached[b] >= length]
-        if done and len(done) < len(inside) and len(done) * LEAVE_SHARE >= len(inside):
-            inside -= set(done)
-    return total
+    def counting(tokens):
+        rows.append(tokens.shape[0])
+        return forward(tokens)
+
+    adapter.forward = counting
+    try:
+        yield
+    finally:
+        del adapter.forward
 
 
 def report(rows: list[dict], args, device: str) -> str:

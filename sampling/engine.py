@@ -844,17 +844,13 @@ class SpeculativeDecoder:
     def _notify(self, callback, st):
         if callback is None:
             return
-        committed, cached, tokens = list(st.host_committed), list(st.host_cached), st.seq
+        committed, cached = list(st.host_committed), list(st.host_cached)
         if st.left:  # the whole batch, the images that left it finished
-            B0, T = len(st.origin_seeds), st.length
-            committed, cached = [T] * B0, [T] * B0
-            tokens = st.seq.new_empty((B0, st.seq.shape[1]))
-            for b, (seq, _, _) in st.left.items():
-                tokens[b, :T] = seq
+            committed, cached = [st.length] * len(st.origin_seeds), [st.length] * len(st.origin_seeds)
             for i, b in enumerate(st.origin):
-                committed[b], cached[b], tokens[b] = st.host_committed[i], st.host_cached[i], st.seq[i]
+                committed[b], cached[b] = st.host_committed[i], st.host_cached[i]
         callback(StepEvent(
             step=st.step, kind=st.log[-1][0], committed=committed, cached=cached, length=st.length,
             nfe=sum(k != "S" for k, *_ in st.log) + sum(k != "S" for _, _, part in st.log_parts for k, *_ in part),
-            tokens=self.to_ids(tokens),
+            tokens=self.to_ids(st.whole_seq()),
         ))

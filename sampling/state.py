@@ -182,6 +182,17 @@ class DecodeState:
         self.batch_idx = torch.arange(self.batch, device=self.seq.device).unsqueeze(1)
         self.row_offsets = {}  # (the reusable buffers serve a narrower batch as they are)
 
+    def whole_seq(self) -> torch.Tensor:
+        """``seq`` of the whole batch in its first order: the rows still decoding, and the tokens of
+        the images that left (past their stream any image token, as ``seq`` starts)."""
+        if not self.left:
+            return self.seq
+        full = self.image_ids[0].repeat(len(self.origin_seeds), self.seq.shape[1])
+        full[torch.tensor(self.origin, device=self.seq.device)] = self.seq
+        for b, (seq, _, _) in self.left.items():
+            full[b, : self.length] = seq
+        return full
+
     def rejoin(self) -> None:
         """The whole batch again, in its first order, once decoding ends (for the report and the
         result): the rows that left and the step log of every part."""
@@ -192,10 +203,9 @@ class DecodeState:
         self.log_parts.append((torch.tensor(self.origin, device=device), B0, self.log))
         self.log = [entry for rows, _, part in self.log_parts for entry in _widen(part, rows, B0, T)]
         self.log_parts = []
-        for b, (seq, redrawn, kept) in self.left.items():
-            self.left[b] = (torch.cat([seq, self.seq.new_full((self.seq.shape[1] - T,), seq[0])]), redrawn, kept)
+        self.seq = self.whole_seq()
         rows = torch.tensor(self.origin, device=device)
-        for name, at in (("seq", 0), ("drafts_redrawn", 1), ("drafts_kept", 2)):
+        for name, at in (("drafts_redrawn", 1), ("drafts_kept", 2)):
             now = getattr(self, name)
             full = now.new_empty((B0,) + tuple(now.shape[1:]))
             full[rows] = now
@@ -291,7 +301,8 @@ def _widen(log: list[tuple], rows: torch.Tensor, B0: int, T: int) -> list[tuple]
 
 def narrowed(t: torch.Tensor, keep: list[int], dim: int = 0) -> torch.Tensor:
     """``t`` with only the slices ``keep`` (sorted) along ``dim``, moved to its first ones in place: a view
-    of the same storage, no allocation (a ring of distributions is hundreds of megabytes at batch 16),
+    of the same storage, no allocation (a ring of distributions holds batch x slots x vocabulary floats:
+    216 MB for Emu3's 32,768 image ids at batch 16 and window 24),
     and only the slices after the first one dropped are copied."""
     for i, k in enumerate(keep):
         if k != i:  # k > i: slice k is read before anything is written to it
