@@ -29,12 +29,16 @@ class DraftDistributions:
     def __init__(self, ring: torch.Tensor, slots: torch.Tensor, batch_idx: torch.Tensor | None = None):
         self.ring, self.slots = ring, slots  # [B, R, V], [B, N]
         self.batch = torch.arange(ring.shape[0], device=ring.device).unsqueeze(1) if batch_idx is None else batch_idx
+        self._starts = None
 
     def at(self, ids: torch.Tensor) -> torch.Tensor:
-        """``q`` of each draft row at ``ids`` (``[B, N]`` or ``[B, N, M]``)."""
-        if ids.dim() == 2:
-            return self.ring[self.batch, self.slots, ids]
-        return self.ring[self.batch.unsqueeze(2), self.slots.unsqueeze(2), ids]
+        """``q`` of each draft row at ``ids`` (``[B, N]`` or ``[B, N, M]``): one ``take`` at the
+        rows' flat offsets (three-tensor advanced indexing costs several times as much)."""
+        if self._starts is None:  # where each draft's row starts in the flattened ring
+            B, R, V = self.ring.shape
+            self._starts = (self.batch * R + self.slots) * V
+        starts = self._starts if ids.dim() == 2 else self._starts.unsqueeze(2)
+        return torch.take(self.ring, starts + ids)
 
 
 def _gather(p: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -87,28 +91,28 @@ class GroupedAcceptance(ExactAcceptance):
             return super().accept_prob(p, q, x)
         # a group larger than the vocabulary is the whole ranking (clipped at its ends)
         up, down = min(self.up, p.shape[-1] - 1), min(self.down, p.shape[-1] - 1)
-        px = _gather(p, x).unsqueeze(-1)
+        at_x = x.unsqueeze(-1)
+        px = p.gather(-1, at_x)
         diff = p - px
-        members, keys = [], []
+        # the group: x, then the members' ids by their distance |p(c) - p(x)| from it (inf: no member)
+        members, gaps = [at_x], [torch.zeros_like(px)]
         inf = float("inf")
         if up:  # smallest positive differences: ranked just above x
             k, i = torch.topk(F.threshold(diff, 0.0, inf), up, dim=-1, largest=False)
             members.append(i)
-            keys.append(k.isfinite())
+            gaps.append(k)
         if down:  # smallest non-negative p(x) - p(c), x excluded: just below
-            below = F.threshold(diff.neg_(), KEEP_NON_NEGATIVE, inf).scatter_(-1, x.unsqueeze(-1), inf)
+            below = F.threshold(diff.neg_(), KEEP_NON_NEGATIVE, inf).scatter_(-1, at_x, inf)
             k, i = torch.topk(below, down, dim=-1, largest=False)
             members.append(i)
-            keys.append(k.isfinite())
+            gaps.append(k)
         c = torch.cat(members, -1)
-        keep = torch.cat(keys, -1)
-        pc = p.gather(-1, c)
-        keep &= (pc - px).abs_() <= self.delta
+        keep = torch.cat(gaps, -1) <= self.delta  # the distance is the delta test; inf fails it
         if self.distance is not None:
             g = self.geometry
             keep &= (g.vec(c) - g.vec(x).unsqueeze(-2)).square_().sum(-1) <= self.distance
-        p_group = px.squeeze(-1) + (pc * keep).sum(-1)
-        q_group = q.at(x) + (q.at(c) * keep).sum(-1)
+        p_group = (p.gather(-1, c) * keep).sum(-1)
+        q_group = (q.at(c) * keep).sum(-1)
         return (p_group / q_group).clamp_(max=1.0)
 
 

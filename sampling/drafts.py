@@ -123,19 +123,21 @@ class JacobiDrafts:
         self.redraw = "coupled" if coupling == "maximal" else "independent"
 
     def after_verify(self, st, probs, samples, first_new):
-        pos = st.window_positions + 1  # the positions the window's rows predict
+        pos = st.window_targets  # the positions the window's rows predict
         L = pos.shape[1]
         tail = st.arange(L).unsqueeze(0) > first_new.unsqueeze(1)
-        old = st.seq.gather(1, pos)
-        had = pos < st.draft_end.unsqueeze(1)  # holds a draft from before this pass
+        old = st.seq.gather(1, pos) if st.window_drafts is None else st.window_drafts
+        had = st.window_had  # holds a draft from before this pass
         new = self._gumbel(st, probs, pos, L) if self.coupling == "gumbel" else samples
-        redrawn = tail & had & (pos < st.length)  # (a finished image's window looks past its end)
+        redrawn = tail & had
+        if st.device_step or max(st.host_cached) + L >= st.length:  # a window looking past an image's end
+            redrawn &= pos < st.length
         st.drafts_redrawn += redrawn.sum(1)
         st.drafts_kept += (redrawn & (new == old)).sum(1)
         st.seq.scatter_(1, pos, torch.where(tail, new, old))
         # the pass's rows become the q of the new drafts; committed positions keep
         # theirs too: sample-left/above draw from them
-        st.put_rows(st.ring, pos % st.ring_size, probs)
+        st.put_rows(st.ring, st.window_slots, probs)
         end = pos[:, -1] + 1
         st.draft_end = torch.maximum(st.draft_end, end)
         st.informed_end = torch.maximum(st.informed_end, end)
@@ -165,7 +167,7 @@ class JacobiDrafts:
         pos = start.unsqueeze(1) + st.arange(width)
         valid = pos < stop.unsqueeze(1)
         slot = torch.where(valid, pos % st.ring_size, st.ring_size)
-        u = rng.uniform(st.keys, st.step, rng.INIT, pos)
+        u = st.uniform(rng.INIT, pos, upto=None if st.device_step else [c + st.horizon for c in st.host_committed])
         if self.init == "sample-left" and min(st.host_committed) > st.first_free:
             # the common case, in few ops: every sample has a free position left of
             # ``start``, and its new positions all draw from that position's row

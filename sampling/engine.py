@@ -508,9 +508,9 @@ class SpeculativeDecoder:
         inp = st.seq.gather(1, pos)
         target = pos + 1  # row j predicts position base + j + 1
         # proactive drafting: alternatives below the newest committed token (row r0)
-        r0 = (st.n_committed - base - 1).clamp(min=0)  # finished samples have nothing waiting
         levels = min(self.config.proactive_depth - 1, L - waiting) if self.proactive else 0
         if levels > 0:
+            r0 = (st.n_committed - base - 1).clamp(min=0)  # finished samples have nothing waiting
             sp = proactive.sprout(st, inp, base, r0, self.proactive, levels)
             E = sp.tokens.shape[1]
             tokens = torch.cat([inp, sp.tokens], 1)
@@ -537,7 +537,8 @@ class SpeculativeDecoder:
             lower = judge_rows(st, self.row_grid, rd, every[:, L + self.row_grid.stride:], self.rule)
         else:
             probs = self.pipeline(self._forward(st, inp, timer), target, st.buffer("probs", L))  # [B, L, V]
-        u = rng.uniform(st.keys, st.step, rng.VERIFY, target, lanes=2)  # coin, sample
+        u = st.uniform(rng.VERIFY, target, 2,  # coin, sample
+                       None if st.device_step else [c + L + 1 for c in st.host_cached])
         committed_before = st.n_committed
         coupled = self.coupled
 
@@ -548,6 +549,10 @@ class SpeculativeDecoder:
         slots = target % st.ring_size
         judged = L if coupled and self.exact else tested
         x = st.seq.gather(1, target) if coupled else inp[:, 1:]
+        had = target < st.draft_end.unsqueeze(1)  # the row's position holds a draft from before this pass
+        # what the draft source reads of this window (state.py)
+        st.window_targets, st.window_slots, st.window_had = target, slots, had
+        st.window_drafts = x if coupled else None
         if judged:
             q = DraftDistributions(st.ring, slots[:, :judged], st.batch_idx)
             test = u[:, :judged, 0] < self.rule.accept_prob(probs[:, :judged], q, x[:, :judged])
@@ -565,7 +570,7 @@ class SpeculativeDecoder:
                 ok = ok | (on_spine.unsqueeze(1) & (rows >= 0) & (rows < levels))
             if near_end:
                 ok = ok & (tp < T)
-            passed = ok.to(torch.int32).cumprod(1).sum(1).long()  # rows that stand
+            passed = ok.long().cumprod(1).sum(1)  # rows that stand
         else:
             passed = torch.zeros(B, dtype=torch.long, device=base.device)
         if levels > 0:  # off the spine the walk decides: its path's length
@@ -583,29 +588,29 @@ class SpeculativeDecoder:
             # from the first rejection on: under exact acceptance the test above is the
             # coupling test and one residual pass serves every row.  (Rows before
             # `passed` are never read, so they need not be told apart.)
-            had = target < st.draft_end.unsqueeze(1)
             stays = test if self.exact else u[..., 0] < EXACT.accept_prob(
                 probs, DraftDistributions(st.ring, slots, st.batch_idx), x)
             drawn = self._coupled_draws(st, probs, slots, had, stays, x, u, dense=st.device_step)
         else:
             drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
-        bad = st.buffer("cumsum", L)[..., -1].isnan() & (target < T)  # rows that are no distribution
+        bad = st.buffer("cumsum", L)[..., -1].isnan()  # rows that are no distribution
         if levels > 0:
-            bad = bad | ((every[:, L:].sum(-1).isnan() & sp.valid).any(1, keepdim=True) & (target < T))
+            bad |= (every[:, L:].sum(-1).isnan() & sp.valid).any(1, keepdim=True)
         if self.rows:
-            bad = bad | (lower.bad.unsqueeze(1) & (target < T))
-        first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
+            bad |= lower.bad.unsqueeze(1)
+        if near_end:
+            bad &= target < T
         rejected = passed < tested
         new_tok = drawn.gather(1, passed.unsqueeze(1))
         if tested and not (coupled and self.exact):
             # the first rejection resamples from the rule's residual (same uniform)
             row = passed.clamp(max=tested - 1).unsqueeze(1)
-            p_row = probs[st.batch_idx, row].squeeze(1)
+            p_row = probs.gather(1, row.unsqueeze(2).expand(-1, -1, probs.shape[-1])).squeeze(1)
             q_row = st.rows(st.ring, slots.gather(1, row), "q_row").squeeze(1)
             res = self.rule.residual(p_row, q_row, inp.gather(1, row + 1).squeeze(1))
             # p and q equal to float precision leave no residual mass: fall back to p
             res = torch.where(res.sum(-1, keepdim=True) > 0, res, p_row)
-            redraw = rng.categorical(res, u[st.batch_idx, row, 1])
+            redraw = rng.categorical(res, u[..., 1].gather(1, row))
             new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
 
         nodes = None
@@ -647,6 +652,7 @@ class SpeculativeDecoder:
         st.verified_since_skip += 1
 
         if st.device_step:  # the first bad row stays on the device until the host reads (_read)
+            first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
             newly = (st.bad_step < 0) & (first_bad >= 0)
             st.bad_pos = torch.where(newly, base + first_bad + 1, st.bad_pos)
             st.bad_step = torch.where(newly, st.step, st.bad_step)
@@ -654,10 +660,11 @@ class SpeculativeDecoder:
             self._extend(st)
             return None
         plan = self.schedule.plan(st)
-        sync = torch.stack([st.n_cached, st.n_committed, L - keep, first_bad]
+        sync = torch.stack([st.n_cached, st.n_committed, L - keep, bad.sum(1)]  # (one dtype: no promotion)
                            + ([plan] if plan is not None else [])).tolist()
-        raise_if_nonfinite([j >= 0 for j in sync[3]], st.step,
-                            [c + j + 1 for c, j in zip(st.host_cached, sync[3])])
+        if any(sync[3]):  # (where, read only now: the rows' totals are read with the lengths)
+            raise_if_nonfinite(sync[3], st.step, [c + j + 1 for c, j in zip(st.host_cached,
+                                                                            bad.int().argmax(1).tolist())])
         st.host_cached, st.host_committed = sync[0], sync[1]
         del sync[3]
         if nodes is None and self.rows:  # the window rows that stand stay, the rows' chains leave

@@ -84,6 +84,36 @@ def uniform(keys: torch.Tensor, step: int | torch.Tensor, stream: int, positions
     return torch.stack([_shr(h, 40), _shr(h, 16) & 0xFFFFFF], -1).to(torch.float32) * (1.0 / (1 << 24))
 
 
+class UniformBlock:
+    """:func:`uniform`'s numbers for ``steps`` steps from ``step0`` and ``width`` positions of each
+    sample from ``lo[b]``, hashed at once for each stream (``lanes``: stream -> lanes).  A step then
+    reads its numbers with one gather: the same numbers (``tests/test_rng.py``), where hashing a
+    window's few dozen of them anew costs some twenty small tensor operations, which on the CPU is
+    their overhead only (several per cent of a batch-1 image on the embedded model)."""
+
+    def __init__(self, keys: torch.Tensor, step0: int, steps: int, lo: list[int], width: int,
+                 lanes: dict[int, int]):
+        self.step0, self.steps, self.lo, self.width, self.lanes = step0, steps, lo, width, lanes
+        self.start = torch.tensor(lo, device=keys.device).unsqueeze(1)  # [B, 1]
+        grid = (self.start + torch.arange(width, device=keys.device)).unsqueeze(1)  # [B, 1, P]
+        step = torch.arange(step0, step0 + steps, device=keys.device).view(1, steps, 1)
+        self.numbers = {s: uniform(keys, step, s, grid, n) for s, n in lanes.items()}  # [B, K, P(, n)]
+
+    def covers(self, step: int, stream: int, lanes: int, upto: list[int]) -> bool:
+        """Whether it holds ``stream``'s numbers at ``step`` for every position below ``upto[b]``."""
+        return (0 <= step - self.step0 < self.steps and self.lanes.get(stream) == lanes
+                and all(u <= lo + self.width for u, lo in zip(upto, self.lo)))
+
+    def take(self, step: int, stream: int, positions: torch.Tensor) -> torch.Tensor:
+        """The numbers at ``positions`` ``[B, N]``; a position outside the block (one the caller
+        does not read) gets some other position's."""
+        u = self.numbers[stream][:, step - self.step0]  # [B, P(, n)]
+        at = (positions - self.start).clamp_(0, self.width - 1)
+        if u.dim() == 2:
+            return u.gather(1, at)
+        return u.gather(1, at.unsqueeze(-1).expand(-1, -1, u.shape[-1]))
+
+
 def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | None = None,
                 empty: str = "clamp") -> torch.Tensor:
     """Inverse-CDF draws from the rows of ``probs`` (``[..., V]``, any scale), one per

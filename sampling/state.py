@@ -22,6 +22,11 @@ name                shape / type                   meaning (R = read, W = write)
 ``informed_end``    int64 ``[B]``                  W drafts before it came from a model pass and may be
                                                    committed unverified by a skipping schedule
 ``window_positions``int64 ``[B, L]``               R input positions of the forward just judged
+``window_targets``  int64 ``[B, L]``               R the positions its rows predict (``+ 1``), their ring
+``window_slots``,   int64, bool ``[B, L]``         R slots, whether each held a draft before the pass
+``window_had``
+``window_drafts``   int64 ``[B, L]`` or None       R the tokens at ``window_targets`` before the pass (None:
+                                                   not read by the engine; gather them from ``seq``)
 ``n_committed``,    int64 ``[B]``, ``list[int]``   R committed prefix length (and host mirror)
 ``host_committed``
 ``n_cached``,       int64 ``[B]``, ``list[int]``   R positions in the adapter's cache
@@ -141,7 +146,9 @@ class DecodeState:
         #: steps only (then lower bounds of the lengths); a source must not need them exact
         self.device_step = False
         self.verified_since_skip = 0
-        self.window_positions = None
+        self.window_positions = self.window_targets = self.window_slots = self.window_had = None
+        self.window_drafts = None
+        self.block: rng.UniformBlock | None = None  # random numbers for the next few steps (uniform)
         # (kind, committed before, committed after, rejected, position of the drawn
         # token) per step: origins, histograms and counts are rebuilt from it once
         # decoding ends (report.build_reports)
@@ -179,6 +186,7 @@ class DecodeState:
         for name in ("host_cached", "host_committed", "host_draft_end"):
             setattr(self, name, [getattr(self, name)[b] for b in keep])
         self.batch = len(keep)
+        self.block = None
         self.batch_idx = torch.arange(self.batch, device=self.seq.device).unsqueeze(1)
         self.row_offsets = {}  # (the reusable buffers serve a narrower batch as they are)
 
@@ -225,6 +233,26 @@ class DecodeState:
         self.drafts = drafts
         self.max_commit = drafts + 1 if self.skips else 0
         self.horizon = drafts + self.max_commit
+
+    #: steps a block of random numbers serves (rng.UniformBlock), and the streams it holds
+    BLOCK_STEPS = 8
+    BLOCK_LANES = {rng.VERIFY: 2, rng.INIT: 1}
+
+    def uniform(self, stream: int, positions: torch.Tensor, lanes: int = 1,
+                upto: list[int] | None = None) -> torch.Tensor:
+        """``rng.uniform(keys, step, stream, positions, lanes)`` for this step.  With ``upto``
+        (per sample, a bound on the positions read, on the host) the numbers come from a block
+        hashed for several steps at once (``rng.UniformBlock``): the same numbers, fewer
+        operations.  Positions ``[B, N]`` at or after the sample's cached prefix."""
+        if upto is None or self.device_step or positions.dim() != 2 or stream not in self.BLOCK_LANES:
+            return rng.uniform(self.keys, self.step, stream, positions, lanes)
+        block = self.block
+        if block is None or not block.covers(self.step, stream, lanes, upto):
+            # wide enough for the block's steps: each caches at most a window, and drafts reach a horizon past it
+            width = max(u - c for u, c in zip(upto, self.host_cached)) + self.BLOCK_STEPS * (self.drafts + 2)
+            block = self.block = rng.UniformBlock(self.keys, self.step, self.BLOCK_STEPS, list(self.host_cached),
+                                                  width, self.BLOCK_LANES)
+        return block.take(self.step, stream, positions)
 
     def buffer(self, name: str, rows: int) -> torch.Tensor:
         """A reusable ``[B, rows, V]`` float32 buffer (CPU allocations of this size

@@ -1,0 +1,31 @@
+"""The counter-based numbers: a block hashed for several steps at once holds the numbers each
+step would hash for itself."""
+import torch
+
+from spec_ar.sampling import rng
+
+
+def test_a_block_holds_each_steps_own_numbers_at_every_position_it_covers():
+    keys = rng.seed_keys([0, -1, 2**63, 123456789123456789])
+    lo = [0, 17, 5, 300]
+    block = rng.UniformBlock(keys, 11, 8, lo, 40, {rng.VERIFY: 2, rng.INIT: 1})
+    start = torch.tensor(lo).unsqueeze(1)
+    for step in range(11, 19):
+        for stream, lanes in ((rng.VERIFY, 2), (rng.INIT, 1)):
+            positions = start + torch.tensor([[0, 1, 2, 39], [3, 9, 10, 20], [39, 0, 7, 7], [12, 13, 14, 15]])
+            assert block.covers(step, stream, lanes, [p + 40 for p in lo])
+            assert torch.equal(block.take(step, stream, positions), rng.uniform(keys, step, stream, positions, lanes))
+    assert not block.covers(19, rng.VERIFY, 2, lo) and not block.covers(10, rng.VERIFY, 2, lo)
+    assert not block.covers(12, rng.VERIFY, 1, lo)  # lanes it does not hold
+    assert not block.covers(12, rng.PATHS, 1, lo)  # nor another stream
+    assert not block.covers(12, rng.INIT, 1, [lo[0] + 40, lo[1] + 41, lo[2], lo[3]])  # past its width
+
+
+def test_the_numbers_are_uniform_on_24_bits_and_below_one():
+    keys = rng.seed_keys(range(64))
+    u = rng.uniform(keys, 3, rng.VERIFY, torch.arange(4096).expand(64, -1), lanes=2)
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    assert torch.equal(u * 2**24, (u * 2**24).floor())  # exact 24-bit values
+    counts = torch.histc(u.flatten(), bins=16, min=0.0, max=1.0)
+    expected = u.numel() / 16
+    assert float(((counts - expected) ** 2 / expected).sum()) < 60  # chi-square, 15 dof: p ~ 1e-7
