@@ -26,10 +26,12 @@ class DraftDistributions:
     """Read access to the ``q`` rows of a window's drafts, which live in the
     engine's per-sample ring of distributions (no ``[B, L, V]`` copy is made)."""
 
-    def __init__(self, ring: torch.Tensor, slots: torch.Tensor, batch_idx: torch.Tensor | None = None):
+    def __init__(self, ring: torch.Tensor, slots: torch.Tensor, batch_idx: torch.Tensor | None = None,
+                 rows: torch.Tensor | None = None):
         self.ring, self.slots = ring, slots  # [B, R, V], [B, N]
         self.batch = torch.arange(ring.shape[0], device=ring.device).unsqueeze(1) if batch_idx is None else batch_idx
-        self._starts = None
+        # rows: the slots' rows of the flattened ring [B * R, V], where the caller has them
+        self._starts = None if rows is None else rows * ring.shape[2]
 
     def at(self, ids: torch.Tensor) -> torch.Tensor:
         """``q`` of each draft row at ``ids`` (``[B, N]`` or ``[B, N, M]``): one ``take`` at the

@@ -111,8 +111,8 @@ class JacobiDrafts:
     generator per image, drawn position by position in order, so an image's
     drafts do not depend on its batch; the paper's reference draws it from a
     table refilled each step.  ``st.drafts_redrawn`` / ``st.drafts_kept`` count
-    re-drafted positions and those whose draft survived (the report's draft
-    stability).  Under ``maximal`` only the positions that lose their draft build
+    re-drafted positions and those whose draft survived, by window row (the report's
+    draft stability).  Under ``maximal`` only the positions that lose their draft build
     and sample a residual (their rows are picked with ``nonzero``: on CUDA one
     more host sync per pass, in exchange for no pass over the vocabulary at
     positions that keep theirs).
@@ -132,12 +132,12 @@ class JacobiDrafts:
         redrawn = tail & had
         if st.device_step or max(st.host_cached) + L >= st.length:  # a window looking past an image's end
             redrawn &= pos < st.length
-        st.drafts_redrawn += redrawn.sum(1)
-        st.drafts_kept += (redrawn & (new == old)).sum(1)
+        st.drafts_redrawn[:, :L] += redrawn
+        st.drafts_kept[:, :L] += redrawn & (new == old)
         st.seq.scatter_(1, pos, torch.where(tail, new, old))
         # the pass's rows become the q of the new drafts; committed positions keep
         # theirs too: sample-left/above draw from them
-        st.put_rows(st.ring, st.window_slots, probs)
+        st.put_rows(st.ring, st.window_slots, probs, st.window_rows)
         end = pos[:, -1] + 1
         st.draft_end = torch.maximum(st.draft_end, end)
         st.informed_end = torch.maximum(st.informed_end, end)
@@ -165,8 +165,11 @@ class JacobiDrafts:
         """Fresh drafts at positions ``[start[b], stop[b])``; writes past a sample's
         ``stop`` go to scratch storage nothing reads."""
         pos = start.unsqueeze(1) + st.arange(width)
-        valid = pos < stop.unsqueeze(1)
-        slot = torch.where(valid, pos % st.ring_size, st.ring_size)
+        # every sample fills the whole width (the host step knows: its mirrors are exact), or some stop short
+        whole = not st.device_step and all(min(c + st.horizon, st.length) - d == width
+                                           for c, d in zip(st.host_committed, st.host_draft_end))
+        valid = None if whole else pos < stop.unsqueeze(1)
+        slot = pos % st.ring_size if whole else torch.where(valid, pos % st.ring_size, st.ring_size)
         u = st.uniform(rng.INIT, pos, upto=None if st.device_step else [c + st.horizon for c in st.host_committed])
         if self.init == "sample-left" and min(st.host_committed) > st.first_free:
             # the common case, in few ops: every sample has a free position left of
@@ -181,7 +184,7 @@ class JacobiDrafts:
         if st.any_forced:
             forced = st.forced_at[pos]
             tok = torch.where(forced >= 0, forced, tok)
-        st.seq.scatter_(1, torch.where(valid, pos, st.scratch), tok)
+        st.seq.scatter_(1, pos if whole else torch.where(valid, pos, st.scratch), tok)
 
     def _initial(self, st, start, pos, u, slot):
         """Initial drafts for any init, and their q rows: the source row for sampled

@@ -330,6 +330,7 @@ class SpeculativeDecoder:
             else:
                 config = replace(config, window=choice.width)
         st = DecodeState(ad, config, seeds, device, self.geometry)
+        st.aranges = self.__dict__.setdefault("aranges", {})  # (the decodes of one decoder share them)
         st.device_step = self._steps_on_device(trial)
         if trial is not None:
             st.set_drafts(trial.width)
@@ -550,12 +551,14 @@ class SpeculativeDecoder:
         judged = L if coupled and self.exact else tested
         x = st.seq.gather(1, target) if coupled else inp[:, 1:]
         had = target < st.draft_end.unsqueeze(1)  # the row's position holds a draft from before this pass
+        ring_rows = st.ring_rows(st.ring, slots)  # the slots' rows in the flattened ring
         # what the draft source reads of this window (state.py)
         st.window_targets, st.window_slots, st.window_had = target, slots, had
-        st.window_drafts = x if coupled else None
+        st.window_drafts, st.window_rows = (x if coupled else None), ring_rows
         if judged:
-            q = DraftDistributions(st.ring, slots[:, :judged], st.batch_idx)
-            test = u[:, :judged, 0] < self.rule.accept_prob(probs[:, :judged], q, x[:, :judged])
+            cut = (lambda t: t) if judged == L else (lambda t: t[:, :judged])
+            q = DraftDistributions(st.ring, cut(slots), st.batch_idx, cut(ring_rows))
+            test = cut(u[..., 0]) < self.rule.accept_prob(cut(probs), q, cut(x))
         if tested:
             ok, tp = test[:, :tested], target[:, :-1]
             # committed (post-verified) and forced rows stand without a test
@@ -570,7 +573,7 @@ class SpeculativeDecoder:
                 ok = ok | (on_spine.unsqueeze(1) & (rows >= 0) & (rows < levels))
             if near_end:
                 ok = ok & (tp < T)
-            passed = ok.long().cumprod(1).sum(1)  # rows that stand
+            passed = ok.cumprod(1).sum(1)  # rows that stand (a bool's cumprod is int64)
         else:
             passed = torch.zeros(B, dtype=torch.long, device=base.device)
         if levels > 0:  # off the spine the walk decides: its path's length
@@ -589,7 +592,7 @@ class SpeculativeDecoder:
             # coupling test and one residual pass serves every row.  (Rows before
             # `passed` are never read, so they need not be told apart.)
             stays = test if self.exact else u[..., 0] < EXACT.accept_prob(
-                probs, DraftDistributions(st.ring, slots, st.batch_idx), x)
+                probs, DraftDistributions(st.ring, slots, st.batch_idx, ring_rows), x)
             drawn = self._coupled_draws(st, probs, slots, had, stays, x, u, dense=st.device_step)
         else:
             drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
@@ -796,7 +799,7 @@ class SpeculativeDecoder:
         B, L, V = probs.shape
         if dense or probs.is_cuda or had.numel() * V <= DENSE_RESIDUAL:
             # rows without a draft draw from p: their q counts as zero
-            res = st.rows(st.ring, slots, "residual")
+            res = st.rows(st.ring, slots, "residual", st.window_rows)
             torch.addcmul(probs, res, had.unsqueeze(-1), value=-1, out=res).clamp_(min=0.0)
             drawn = rng.categorical(res, u[..., 1:], st.buffer("cumsum", L), empty="past-end").squeeze(-1)
             # a residual without mass (p and q equal to float precision) keeps the draft

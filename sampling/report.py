@@ -103,7 +103,7 @@ def build_reports(st, config, timer, memory_mb: float, device, drafter: str = ""
     origin = torch.where(st.forced_at[:T] >= 0, FORCED, origin)
     origins, nfe, hist = origin.tolist(), nfe.tolist(), hist.tolist()
     skipped, unverified = skipped.tolist(), unverified.tolist()
-    stability = (st.drafts_kept / st.drafts_redrawn.clamp(min=1)).tolist()
+    stability = (st.drafts_kept.sum(-1) / st.drafts_redrawn.sum(-1).clamp(min=1)).tolist()
     kinds = "".join(k for k, *_ in st.log)
     settings = config.to_dict()
     return [

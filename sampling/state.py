@@ -27,6 +27,8 @@ name                shape / type                   meaning (R = read, W = write)
 ``window_had``
 ``window_drafts``   int64 ``[B, L]`` or None       R the tokens at ``window_targets`` before the pass (None:
                                                    not read by the engine; gather them from ``seq``)
+``window_rows``     int64 ``[B, L]``               R the slots' rows in ``ring`` viewed ``[B * R, V]``
+                                                   (``ring_rows``; ``rows`` and ``put_rows`` take them)
 ``n_committed``,    int64 ``[B]``, ``list[int]``   R committed prefix length (and host mirror)
 ``host_committed``
 ``n_cached``,       int64 ``[B]``, ``list[int]``   R positions in the adapter's cache
@@ -48,9 +50,10 @@ With row-parallel drafting (``rows.py``) ``fixed`` (int64 ``[B, length + pad]``,
 none) holds the tokens drawn in lower rows: the engine keeps them in ``seq`` at their
 positions and the window passes them like forced ones; a draft source may read it.
 
-A draft source also keeps ``drafts_redrawn`` / ``drafts_kept`` (int64 ``[B]``: positions
-it drafted again after a pass, and how many of those kept their draft; the report's
-draft stability) and may hold per-batch tensors of its own in ``source_state``
+A draft source also keeps ``drafts_redrawn`` / ``drafts_kept`` (int64 ``[B, max_window]``,
+by window row: positions it drafted again after a pass, and how many of those kept their
+draft; their row sums are the report's draft stability; counting by row adds a pass's mask
+without a reduction) and may hold per-batch tensors of its own in ``source_state``
 (a dict), and fill a ``[B, n, V]`` buffer from a ring with ``rows(ring, slots, name)``.
 
 A **schedule** (``schedule.py``) reads the same plus ``produced``/``verified``
@@ -126,8 +129,8 @@ class DecodeState:
         self.informed_end = zeros.clone()
         self.produced = zeros.clone()
         self.verified = zeros.clone()
-        self.drafts_redrawn = zeros.clone()
-        self.drafts_kept = zeros.clone()
+        self.drafts_redrawn = torch.zeros(self.batch, self.max_window, dtype=torch.long, device=device)
+        self.drafts_kept = torch.zeros_like(self.drafts_redrawn)
         self.source_state: dict = {}
         self.fixed: torch.Tensor | None = None  # row-parallel drafting's fixed tokens (rows.py), -1 elsewhere
         self.row_drafted: torch.Tensor | None = None  # and where it drafted
@@ -147,7 +150,7 @@ class DecodeState:
         self.device_step = False
         self.verified_since_skip = 0
         self.window_positions = self.window_targets = self.window_slots = self.window_had = None
-        self.window_drafts = None
+        self.window_drafts = self.window_rows = None
         self.block: rng.UniformBlock | None = None  # random numbers for the next few steps (uniform)
         # (kind, committed before, committed after, rejected, position of the drawn
         # token) per step: origins, histograms and counts are rebuilt from it once
@@ -270,30 +273,37 @@ class DecodeState:
     # for a descheduled thread (measured: 16 us typical, up to 8 ms with another
     # job on the cores); these stay on one thread at a window's sizes.
 
-    def rows(self, ring: torch.Tensor, slots: torch.Tensor, name: str) -> torch.Tensor:
+    def rows(self, ring: torch.Tensor, slots: torch.Tensor, name: str, flat: torch.Tensor | None = None) -> torch.Tensor:
         """``ring[b, slots[b]]`` for every sample, ``[B, n, V]``, into the reusable
-        buffer ``name`` (one copy, no allocation)."""
+        buffer ``name`` (one copy, no allocation); ``flat``: the slots' :meth:`ring_rows`, if known."""
         B, R, V = ring.shape
         out = self.buffer(name, slots.shape[1])
-        torch.index_select(ring.view(B * R, V), 0, self._flat(ring, slots), out=out.view(-1, V))
+        flat = self.ring_rows(ring, slots) if flat is None else flat
+        torch.index_select(ring.view(B * R, V), 0, flat.view(-1), out=out.view(-1, V))
         return out
 
-    def put_rows(self, ring: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    def put_rows(self, ring: torch.Tensor, slots: torch.Tensor, values: torch.Tensor,
+                 flat: torch.Tensor | None = None) -> None:
         """``ring[b, slots[b]] = values[b]`` (``values`` ``[B, n, V]``, or ``[B, 1, V]``
         for every slot); slots must be distinct but for the scratch slot."""
         B, R, V = ring.shape
-        ring.view(B * R, V).index_copy_(0, self._flat(ring, slots), values.expand(B, slots.shape[1], V).reshape(-1, V))
+        flat = self.ring_rows(ring, slots) if flat is None else flat
+        ring.view(B * R, V).index_copy_(0, flat.view(-1), values.expand(B, slots.shape[1], V).reshape(-1, V))
 
     def fill_rows(self, ring: torch.Tensor, slots: torch.Tensor, value: float) -> None:
         """``ring[b, slots[b]] = value``."""
         B, R, V = ring.shape
         ring.view(B * R, V).index_fill_(0, self._flat(ring, slots), value)
 
-    def _flat(self, ring: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def ring_rows(self, ring: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """The rows of ``slots`` ``[B, n]`` in ``ring`` viewed as ``[B * R, V]``."""
         offset = self.row_offsets.get(ring.shape[1])
         if offset is None:
             offset = self.row_offsets[ring.shape[1]] = self.batch_idx * ring.shape[1]
-        return (offset + slots).view(-1)
+        return offset + slots
+
+    def _flat(self, ring: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        return self.ring_rows(ring, slots).view(-1)
 
     def arange(self, n: int) -> torch.Tensor:
         if n not in self.aranges:
