@@ -273,7 +273,8 @@ class DecodeState:
     # for a descheduled thread (measured: 16 us typical, up to 8 ms with another
     # job on the cores); these stay on one thread at a window's sizes.
 
-    def rows(self, ring: torch.Tensor, slots: torch.Tensor, name: str, flat: torch.Tensor | None = None) -> torch.Tensor:
+    def rows(self, ring: torch.Tensor, slots: torch.Tensor, name: str,
+             flat: torch.Tensor | None = None) -> torch.Tensor:
         """``ring[b, slots[b]]`` for every sample, ``[B, n, V]``, into the reusable
         buffer ``name`` (one copy, no allocation); ``flat``: the slots' :meth:`ring_rows`, if known."""
         B, R, V = ring.shape
