@@ -170,7 +170,8 @@ class JacobiDrafts:
                                            for c, d in zip(st.host_committed, st.host_draft_end))
         valid = None if whole else pos < stop.unsqueeze(1)
         slot = pos % st.ring_size if whole else torch.where(valid, pos % st.ring_size, st.ring_size)
-        u = st.uniform(rng.INIT, pos, upto=None if st.device_step else [c + st.horizon for c in st.host_committed])
+        u = st.uniform(rng.INIT, pos, upto=None if st.device_step else [c + st.horizon for c in st.host_committed],
+                       first=None if st.device_step else st.host_draft_end)
         if self.init == "sample-left" and min(st.host_committed) > st.first_free:
             # the common case, in few ops: every sample has a free position left of
             # ``start``, and its new positions all draw from that position's row

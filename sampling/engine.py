@@ -539,7 +539,8 @@ class SpeculativeDecoder:
         else:
             probs = self.pipeline(self._forward(st, inp, timer), target, st.buffer("probs", L))  # [B, L, V]
         u = st.uniform(rng.VERIFY, target, 2,  # coin, sample
-                       None if st.device_step else [c + L + 1 for c in st.host_cached])
+                       None if st.device_step else [c + L + 1 for c in st.host_cached],
+                       None if st.device_step else [c + 1 for c in st.host_cached])
         committed_before = st.n_committed
         coupled = self.coupled
 
@@ -638,7 +639,7 @@ class SpeculativeDecoder:
             moved = on_path & (depth > 0)
             st.seq.scatter_(1, torch.where(moved, pos, st.scratch), tokens.gather(1, nodes))
         stop = base.unsqueeze(1) + passed.unsqueeze(1) + 1
-        st.seq.scatter_(1, torch.where(stop < T, stop, st.scratch), new_tok)
+        st.seq.scatter_(1, torch.where(stop < T, stop, st.scratch) if near_end else stop, new_tok)
 
         # the cache keeps the input rows that stand
         keep = passed + 1
@@ -815,7 +816,7 @@ class SpeculativeDecoder:
         flat = (st.batch_idx * st.ring.shape[1] + slots).view(-1)
         torch.index_select(st.ring.view(-1, V), 0, flat[idx], out=q)
         res.sub_(q).clamp_(min=0.0)
-        draws = rng.categorical(res, u.view(-1, 2)[idx, 1:], q, empty="past-end")
+        draws = rng.categorical(res, u.reshape(-1, 2)[idx, 1:], q, empty="past-end")
         tokens.view(-1).index_copy_(0, idx, draws.view(-1))
         return torch.where(tokens < V, tokens, x)
 

@@ -104,6 +104,10 @@ class UniformBlock:
         return (0 <= step - self.step0 < self.steps and self.lanes.get(stream) == lanes
                 and all(u <= lo + self.width for u, lo in zip(upto, self.lo)))
 
+    def run(self, step: int, stream: int, offset: int, n: int) -> torch.Tensor:
+        """The numbers at positions ``lo[b] + offset + arange(n)`` of every sample (a view)."""
+        return self.numbers[stream][:, step - self.step0, offset:offset + n]
+
     def take(self, step: int, stream: int, positions: torch.Tensor) -> torch.Tensor:
         """The numbers at ``positions`` ``[B, N]``; a position outside the block (one the caller
         does not read) gets some other position's."""

@@ -242,11 +242,12 @@ class DecodeState:
     BLOCK_LANES = {rng.VERIFY: 2, rng.INIT: 1}
 
     def uniform(self, stream: int, positions: torch.Tensor, lanes: int = 1,
-                upto: list[int] | None = None) -> torch.Tensor:
+                upto: list[int] | None = None, first: list[int] | None = None) -> torch.Tensor:
         """``rng.uniform(keys, step, stream, positions, lanes)`` for this step.  With ``upto``
         (per sample, a bound on the positions read, on the host) the numbers come from a block
         hashed for several steps at once (``rng.UniformBlock``): the same numbers, fewer
-        operations.  Positions ``[B, N]`` at or after the sample's cached prefix."""
+        operations.  Positions ``[B, N]`` at or after the sample's cached prefix; ``first``: the
+        positions are ``first[b] + arange(N)`` (then a view of the block where it can be one)."""
         if upto is None or self.device_step or positions.dim() != 2 or stream not in self.BLOCK_LANES:
             return rng.uniform(self.keys, self.step, stream, positions, lanes)
         block = self.block
@@ -255,6 +256,11 @@ class DecodeState:
             width = max(u - c for u, c in zip(upto, self.host_cached)) + self.BLOCK_STEPS * (self.drafts + 2)
             block = self.block = rng.UniformBlock(self.keys, self.step, self.BLOCK_STEPS, list(self.host_cached),
                                                   width, self.BLOCK_LANES)
+        if first is not None:
+            offsets = {f - lo for f, lo in zip(first, block.lo)}
+            n = positions.shape[1]
+            if len(offsets) == 1 and min(offsets) + n <= block.width:  # every sample's run starts as far in
+                return block.run(self.step, stream, offsets.pop(), n)
         return block.take(self.step, stream, positions)
 
     def buffer(self, name: str, rows: int) -> torch.Tensor:

@@ -15,6 +15,11 @@ def test_a_block_holds_each_steps_own_numbers_at_every_position_it_covers():
             positions = start + torch.tensor([[0, 1, 2, 39], [3, 9, 10, 20], [39, 0, 7, 7], [12, 13, 14, 15]])
             assert block.covers(step, stream, lanes, [p + 40 for p in lo])
             assert torch.equal(block.take(step, stream, positions), rng.uniform(keys, step, stream, positions, lanes))
+    for step in (11, 18):  # a run of positions from the same offset into every sample's part
+        for offset, n in ((0, 40), (3, 25), (39, 1)):
+            run = start + offset + torch.arange(n)
+            assert torch.equal(block.run(step, rng.VERIFY, offset, n), rng.uniform(keys, step, rng.VERIFY, run, 2))
+            assert torch.equal(block.run(step, rng.INIT, offset, n), rng.uniform(keys, step, rng.INIT, run))
     assert not block.covers(19, rng.VERIFY, 2, lo) and not block.covers(10, rng.VERIFY, 2, lo)
     assert not block.covers(12, rng.VERIFY, 1, lo)  # lanes it does not hold
     assert not block.covers(12, rng.PATHS, 1, lo)  # nor another stream
