@@ -130,7 +130,7 @@ class JacobiDrafts:
         had = st.window_had  # holds a draft from before this pass
         new = self._gumbel(st, probs, pos, L) if self.coupling == "gumbel" else samples
         redrawn = tail & had
-        if st.device_step or max(st.host_cached) + L >= st.length:  # a window looking past an image's end
+        if st.window_near_end:  # (a finished image's window looks past its end)
             redrawn &= pos < st.length
         st.drafts_redrawn[:, :L] += redrawn
         st.drafts_kept[:, :L] += redrawn & (new == old)
@@ -165,13 +165,12 @@ class JacobiDrafts:
         """Fresh drafts at positions ``[start[b], stop[b])``; writes past a sample's
         ``stop`` go to scratch storage nothing reads."""
         pos = start.unsqueeze(1) + st.arange(width)
-        # every sample fills the whole width (the host step knows: its mirrors are exact), or some stop short
-        whole = not st.device_step and all(min(c + st.horizon, st.length) - d == width
-                                           for c, d in zip(st.host_committed, st.host_draft_end))
+        span = st.extend_span  # on the host step, start and stop as the host has them
+        whole = span is not None and all(e - d == width for d, e in zip(*span))  # no sample stops short
         valid = None if whole else pos < stop.unsqueeze(1)
         slot = pos % st.ring_size if whole else torch.where(valid, pos % st.ring_size, st.ring_size)
-        u = st.uniform(rng.INIT, pos, upto=None if st.device_step else [c + st.horizon for c in st.host_committed],
-                       first=None if st.device_step else st.host_draft_end)
+        starts, stops = span if span is not None else (None, None)
+        u = st.uniform(rng.INIT, pos, 1, upto=stops, first=starts)
         if self.init == "sample-left" and min(st.host_committed) > st.first_free:
             # the common case, in few ops: every sample has a free position left of
             # ``start``, and its new positions all draw from that position's row

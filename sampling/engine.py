@@ -329,8 +329,8 @@ class SpeculativeDecoder:
                 config = replace(config, window=max(window.CANDIDATES))
             else:
                 config = replace(config, window=choice.width)
-        st = DecodeState(ad, config, seeds, device, self.geometry)
-        st.aranges = self.__dict__.setdefault("aranges", {})  # (the decodes of one decoder share them)
+        st = DecodeState(ad, config, seeds, device, self.geometry,
+                         aranges=self.__dict__.setdefault("aranges", {}))  # (a decoder's decodes share them)
         st.device_step = self._steps_on_device(trial)
         if trial is not None:
             st.set_drafts(trial.width)
@@ -538,9 +538,8 @@ class SpeculativeDecoder:
             lower = judge_rows(st, self.row_grid, rd, every[:, L + self.row_grid.stride:], self.rule)
         else:
             probs = self.pipeline(self._forward(st, inp, timer), target, st.buffer("probs", L))  # [B, L, V]
-        u = st.uniform(rng.VERIFY, target, 2,  # coin, sample
-                       None if st.device_step else [c + L + 1 for c in st.host_cached],
-                       None if st.device_step else [c + 1 for c in st.host_cached])
+        u = st.uniform(rng.VERIFY, target, 2, [c + L + 1 for c in st.host_cached],  # coin, sample
+                       [c + 1 for c in st.host_cached])
         committed_before = st.n_committed
         coupled = self.coupled
 
@@ -555,7 +554,7 @@ class SpeculativeDecoder:
         ring_rows = st.ring_rows(st.ring, slots)  # the slots' rows in the flattened ring
         # what the draft source reads of this window (state.py)
         st.window_targets, st.window_slots, st.window_had = target, slots, had
-        st.window_drafts, st.window_rows = (x if coupled else None), ring_rows
+        st.window_drafts, st.window_rows, st.window_near_end = (x if coupled else None), ring_rows, near_end
         if judged:
             cut = (lambda t: t) if judged == L else (lambda t: t[:, :judged])
             q = DraftDistributions(st.ring, cut(slots), st.batch_idx, cut(ring_rows))
@@ -833,6 +832,7 @@ class SpeculativeDecoder:
         if st.device_step:  # as many positions as the horizon, those past a sample's stop masked
             start = torch.maximum(st.draft_end, st.n_committed)
             stop = (st.n_committed + st.horizon).clamp(max=st.length)
+            st.extend_span = None
             if st.horizon:
                 self.drafter.extend(st, start, stop, st.horizon)
             st.draft_end = torch.maximum(start, stop)
@@ -845,6 +845,7 @@ class SpeculativeDecoder:
         if width > 0:
             st.draft_end = torch.maximum(st.draft_end, st.n_committed)
             stop_t = (st.n_committed + st.horizon).clamp(max=st.length)
+            st.extend_span = (st.host_draft_end, stop)
             self.drafter.extend(st, st.draft_end, stop_t, width)
             st.draft_end = torch.maximum(st.draft_end, stop_t)
             st.host_draft_end = [max(d, e) for d, e in zip(st.host_draft_end, stop)]

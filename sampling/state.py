@@ -29,6 +29,9 @@ name                shape / type                   meaning (R = read, W = write)
                                                    not read by the engine; gather them from ``seq``)
 ``window_rows``     int64 ``[B, L]``               R the slots' rows in ``ring`` viewed ``[B * R, V]``
                                                    (``ring_rows``; ``rows`` and ``put_rows`` take them)
+``window_near_end`` bool                           R some of its rows predict past an image's end
+``extend_span``     ``(list[int], list[int])``     R in ``extend`` on the host step: each sample's ``start``
+                                                   and ``stop`` as the host has them (None on the device step)
 ``n_committed``,    int64 ``[B]``, ``list[int]``   R committed prefix length (and host mirror)
 ``host_committed``
 ``n_cached``,       int64 ``[B]``, ``list[int]``   R positions in the adapter's cache
@@ -101,7 +104,7 @@ class Sizes(NamedTuple):
 class DecodeState:
     """Per-batch decoding state (see the module docstring for the public part)."""
 
-    def __init__(self, adapter, config: DecodeConfig, seeds, device, geometry):
+    def __init__(self, adapter, config: DecodeConfig, seeds, device, geometry, aranges: dict | None = None):
         lay = adapter.layout
         self.layout, self.length = lay, lay.length
         self.batch = len(seeds)
@@ -137,7 +140,7 @@ class DecodeState:
         self.host_cached = [0] * self.batch
         self.host_committed = [0] * self.batch
         self.host_draft_end = [0] * self.batch
-        self.aranges: dict[int, torch.Tensor] = {}
+        self.aranges: dict[int, torch.Tensor] = {} if aranges is None else aranges  # arange(n) by n
         self.buffers: dict[str, torch.Tensor] = {}
         self.row_offsets: dict[int, torch.Tensor] = {}  # b * rows, by ring size (_flat)
         self.vocab = adapter.vocab_size
@@ -150,7 +153,8 @@ class DecodeState:
         self.device_step = False
         self.verified_since_skip = 0
         self.window_positions = self.window_targets = self.window_slots = self.window_had = None
-        self.window_drafts = self.window_rows = None
+        self.window_drafts = self.window_rows = self.extend_span = None
+        self.window_near_end = True
         self.block: rng.UniformBlock | None = None  # random numbers for the next few steps (uniform)
         # (kind, committed before, committed after, rejected, position of the drawn
         # token) per step: origins, histograms and counts are rebuilt from it once
