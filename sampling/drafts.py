@@ -107,10 +107,12 @@ class JacobiDrafts:
     ``p_new``-distributed); their Cosmos sampler, and this class, use ``p_new``.
     Positions drafted for the first time by a pass (the window's last row) draw
     independently under ``maximal`` (there is no previous draft to couple with)
-    and with their fixed noise under ``gumbel``.  The gumbel noise comes from a
-    generator per image, drawn position by position in order, so an image's
-    drafts do not depend on its batch; the paper's reference draws it from a
-    table refilled each step.  ``st.drafts_redrawn`` / ``st.drafts_kept`` count
+    and with their fixed noise under ``gumbel``.  The gumbel noise is counter-based
+    (``rng.exponential``: a pure function of the image's seed, the position and the
+    token), so an image's drafts do not depend on its batch and the step on the
+    device computes the window's noise where the host step keeps a ring of it,
+    filled position by position; the paper's reference draws it from a table
+    refilled each step.  ``st.drafts_redrawn`` / ``st.drafts_kept`` count
     re-drafted positions and those whose draft survived, by window row (the report's
     draft stability).  Under ``maximal`` only the positions that lose their draft build
     and sample a residual (their rows are picked with ``nonzero``: on CUDA one
@@ -145,20 +147,23 @@ class JacobiDrafts:
 
     @staticmethod
     def _gumbel(st, probs, pos, L):
-        noise = st.source_state.get("gumbel")
-        if noise is None:  # exponential noise by position (a ring like q's) and the next position to fill
-            noise = st.source_state["gumbel"] = {
-                "e": torch.empty(st.batch, st.ring_size + 1, st.vocab, device=probs.device),
-                "end": [0] * st.batch,
-                "gen": [rng.sample_generator(s, rng.COUPLE + 1, probs.device) for s in st.seeds]}
-        for b, (c, e) in enumerate(zip(st.host_cached, noise["end"])):
-            upto = c + L + 1  # the window predicts positions c + 1 .. c + L; fill in position order
-            if upto > e:
-                fresh = torch.rand(upto - e, st.vocab, generator=noise["gen"][b], device=probs.device)
-                slots = torch.arange(e, upto, device=probs.device) % st.ring_size
-                noise["e"][b, slots] = fresh.clamp_(min=1e-38).log_().neg_()
-                noise["end"][b] = upto
-        e = st.rows(noise["e"], pos % st.ring_size, "noise")
+        V = probs.shape[-1]
+        if st.device_step:  # the window's noise, computed (no host lengths to fill a ring by)
+            e = rng.exponential(st.keys, rng.COUPLE + 1, pos, V)
+        else:  # a ring of noise by position, like q's, filled in position order as the window moves
+            noise = st.source_state.get("gumbel")
+            if noise is None:  # (anew after images left the batch: positions past the cache are read)
+                noise = st.source_state["gumbel"] = {
+                    "e": torch.empty(st.batch, st.ring_size + 1, V, device=probs.device),
+                    "end": [c + 1 for c in st.host_cached]}
+            for b, (c, end) in enumerate(zip(st.host_cached, noise["end"])):
+                upto = c + L + 1  # the window predicts positions c + 1 .. c + L
+                if upto > end:
+                    fresh = torch.arange(end, upto, device=probs.device)
+                    noise["e"][b, fresh % st.ring_size] = rng.exponential(st.keys[b:b + 1], rng.COUPLE + 1,
+                                                                          fresh.unsqueeze(0), V)[0]
+                    noise["end"][b] = upto
+            e = st.rows(noise["e"], pos % st.ring_size, "noise")
         return torch.div(probs, e, out=e).argmax(-1)
 
     def extend(self, st, start: torch.Tensor, stop: torch.Tensor, width: int):

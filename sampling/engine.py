@@ -46,9 +46,9 @@ lengths every ``READ_EVERY`` steps, and every step once the slowest image could 
 ended; a static KV cache reads them too where the bounds it keeps would read another
 bucket of keys.  The tokens are the host step's; so one graph can hold the forward and
 the step (``tests/test_device_step.py`` compiles it with ``fullgraph=True``).  Draft
-models and heads, trees, proactive and row-parallel drafts, gumbel coupling and
-skipping schedules (VVS) shape their work by lengths read on the host: they keep the
-host step (``device_step_blocker`` says why).
+models and heads, trees, proactive and row-parallel drafts and skipping schedules
+(VVS) shape their work by lengths read on the host: they keep the host step
+(``device_step_blocker`` says why).
 
 A verified distribution that is not one (NaN, from a NaN or infinite logit, as
 float16 weights produce when they overflow) stops decoding with
@@ -245,8 +245,6 @@ class SpeculativeDecoder:
             return f"the {getattr(drafter, 'name', '') or 'draft model'} drafts from lengths read on the host"
         if c.verify_schedule != "every":
             return f"the {c.verify_schedule!r} schedule decides its skips on the host"
-        if c.draft_coupling == "gumbel":
-            return "gumbel coupling draws its noise by lengths read on the host"
         if self.proactive or self.rows:
             return "proactive and row-parallel drafts are shaped by lengths read on the host"
         return None

@@ -36,7 +36,7 @@ DRAFT = 2000  # draws of a draft model's proposals (model_drafts.py)
 TREE = 3000  # a sampled draft tree's gumbel noise: position (node + 1) * V + token id
 ROWS = 5000  # row-parallel drafting: a lower row's draw, by position
 PROACTIVE = 4000  # proactive drafting: + 0 its alternatives' gumbel noise, + 1 the walk over its tree
-COUPLE = 1000  # coupled Jacobi drafts: COUPLE + 1 seeds the gumbel noise (maximal reuses VERIFY's lanes)
+COUPLE = 1000  # coupled Jacobi drafts: COUPLE + 1 the gumbel noise by position * V + token id (maximal reuses VERIFY's)
 
 
 def _wrap(v: int) -> int:
@@ -136,9 +136,9 @@ def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | 
     return ids.clamp_(max=probs.shape[-1] - 1) if empty == "clamp" else ids
 
 
-def sample_generator(seed: int, stream: int, device=None) -> torch.Generator:
-    """A generator of its own for one sample and purpose: numbers drawn from it in a
-    fixed order (e.g. position by position) depend only on the seed, not on the batch."""
-    g = torch.Generator(device=device or "cpu")
-    g.manual_seed(_mix(torch.tensor([_wrap(_wrap(int(seed)) * 4096 + stream)])).item() & ((1 << 63) - 1))
-    return g
+def exponential(keys: torch.Tensor, stream: int, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Standard exponential noise per (sample, position, token), shaped ``positions.shape + (vocab,)``:
+    ``-log u`` of :func:`uniform` at ``position * vocab + token`` (step 0: fixed across steps).
+    ``argmax p / e`` is then a draw from ``p`` that stays put while ``p``'s argmax under the noise does."""
+    at = positions.unsqueeze(-1) * vocab + torch.arange(vocab, device=positions.device)
+    return uniform(keys, 0, stream, at).clamp_(min=2.0 ** -25).log_().neg_()

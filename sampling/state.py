@@ -57,7 +57,8 @@ A draft source also keeps ``drafts_redrawn`` / ``drafts_kept`` (int64 ``[B, max_
 by window row: positions it drafted again after a pass, and how many of those kept their
 draft; their row sums are the report's draft stability; counting by row adds a pass's mask
 without a reduction) and may hold per-batch tensors of its own in ``source_state``
-(a dict), and fill a ``[B, n, V]`` buffer from a ring with ``rows(ring, slots, name)``.
+(a dict, emptied when images leave the batch: what it holds must be rebuilt from the state),
+and fill a ``[B, n, V]`` buffer from a ring with ``rows(ring, slots, name)``.
 
 A **schedule** (``schedule.py``) reads the same plus ``produced``/``verified``
 (tokens committed by and number of verified forwards, for the mean accepted
@@ -194,6 +195,7 @@ class DecodeState:
             setattr(self, name, [getattr(self, name)[b] for b in keep])
         self.batch = len(keep)
         self.block = None
+        self.source_state = {}  # a draft source's own tensors start again from the state
         self.batch_idx = torch.arange(self.batch, device=self.seq.device).unsqueeze(1)
         self.row_offsets = {}  # (the reusable buffers serve a narrower batch as they are)
 

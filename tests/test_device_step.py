@@ -43,7 +43,8 @@ MODES = {"ar": dict(mode="ar"), "sjd": dict(mode="sjd", window=6), "gsd": dict(m
          "sjd-random-init": dict(mode="sjd", window=6, init="random", draft_coupling="none"),
          "sjd-repeat-above": dict(mode="sjd", window=6, init="repeat-above"),
          "gsd-independent": dict(mode="gsd", window=6, draft_coupling="none"),
-         "sjd-window-1": dict(mode="sjd", window=1)}
+         "sjd-window-1": dict(mode="sjd", window=1), "sjd-gumbel": dict(mode="sjd", window=6, draft_coupling="gumbel"),
+         "lantern-gumbel": dict(mode="lantern", window=6, lantern_k=4, draft_coupling="gumbel")}
 CHEAP = ["embedded", "llamagen-c2i", "llamagen-t2i", "janus", "lumina", "emu3"]  # anole, liquid: 1025, 1024 positions
 OTHERS = [("anole", "sjd"), ("liquid", "lantern"), ("lumina2", "sjd"), ("lumina2", "gsd-independent"),
           ("simplear", "sjd"), ("simplear", "lantern"), ("emu3.5", "sjd"), ("emu3.5", "gsd"),
@@ -114,7 +115,6 @@ def test_at_batch_one_the_host_reads_far_less_than_once_a_step(families, monkeyp
 
 @pytest.mark.parametrize("config,why", [
     (dict(mode="vvs", window=6), "'uniform' schedule decides its skips on the host"),
-    (dict(mode="sjd", window=6, draft_coupling="gumbel"), "gumbel coupling"),
     (dict(mode="sjd", window=6, proactive=3), "proactive and row-parallel drafts"),
     (dict(mode="sjd", window=6, rows=3, row_lead=2), "proactive and row-parallel drafts"),
 ])
@@ -177,7 +177,8 @@ def enumerable():
     return enumerable_llamagen()
 
 
-@pytest.mark.parametrize("config", [dict(mode="sjd", window=3), dict(mode="sjd", window=3, draft_coupling="none")])
+@pytest.mark.parametrize("config", [dict(mode="sjd", window=3), dict(mode="sjd", window=3, draft_coupling="none"),
+                                    dict(mode="sjd", window=3, draft_coupling="gumbel")])
 def test_the_step_on_the_device_samples_the_exact_joint(enumerable, config):
     settings = dict(cfg_scale=2.0, top_k=2, **config)
     exact = exact_joint(enumerable, settings)
@@ -203,7 +204,8 @@ HOST_READ = (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
 
 
 @pytest.mark.parametrize("family,mode", [("embedded", "sjd"), ("embedded", "gsd"), ("embedded", "lantern"),
-                                         ("embedded", "sjd-independent"), ("janus", "sjd")])
+                                         ("embedded", "sjd-independent"), ("embedded", "sjd-gumbel"),
+                                         ("janus", "sjd")])
 def test_the_whole_step_compiles_as_one_graph(families, family, mode, monkeypatch):
     """``torch.compile(fullgraph=True)`` of one verify step, the forward on the static path
     included: acceptance, commit, redraw, rollback and new drafts, no graph break (a host read

@@ -53,7 +53,8 @@ def same(first, second):
 
 @pytest.mark.parametrize("config", [dict(mode="sjd", window=6), dict(mode="gsd", window=6),
                                     dict(mode="lantern", window=6, lantern_k=4),
-                                    dict(mode="sjd", window=6, draft_coupling="none")])
+                                    dict(mode="sjd", window=6, draft_coupling="none"),
+                                    dict(mode="sjd", window=6, draft_coupling="gumbel")])
 @pytest.mark.parametrize("device_step", [False, True])
 def test_images_that_leave_are_the_images_that_rode_along(model, config, device_step):
     events = []

@@ -34,3 +34,19 @@ def test_the_numbers_are_uniform_on_24_bits_and_below_one():
     counts = torch.histc(u.flatten(), bins=16, min=0.0, max=1.0)
     expected = u.numel() / 16
     assert float(((counts - expected) ** 2 / expected).sum()) < 60  # chi-square, 15 dof: p ~ 1e-7
+
+
+def test_exponential_noise_is_fixed_per_sample_position_and_token_whatever_the_batch():
+    """Gumbel-coupled drafts read it: the host step fills a ring position by position, the step on
+    the device computes a window's at once; an image's noise never depends on its batch."""
+    keys = rng.seed_keys([3, 8, 21])
+    pos = torch.tensor([[1, 2, 3], [40, 41, 42], [7, 8, 9]])
+    e = rng.exponential(keys, rng.COUPLE + 1, pos, 50)
+    assert e.shape == (3, 3, 50) and torch.isfinite(e).all() and (e > 0).all()
+    for b in range(3):
+        for j in range(3):  # one sample, one position: the same numbers
+            alone = rng.exponential(keys[b:b + 1], rng.COUPLE + 1, pos[b:b + 1, j:j + 1], 50)
+            assert torch.equal(alone[0, 0], e[b, j])
+    assert not torch.equal(e[0, 1], e[0, 2])  # positions differ
+    big = rng.exponential(rng.seed_keys(range(8)), rng.COUPLE + 1, torch.arange(64).expand(8, -1), 512)
+    assert abs(big.mean().item() - 1.0) < 0.01 and abs(big.var().item() - 1.0) < 0.03  # Exp(1): mean 1, variance 1
