@@ -128,6 +128,9 @@ class JacobiDrafts:
         pos = st.window_targets  # the positions the window's rows predict
         L = pos.shape[1]
         tail = st.arange(L).unsqueeze(0) > first_new.unsqueeze(1)
+        inside = None if st.window_width is None else st.arange(L).unsqueeze(0) < st.window_width
+        if inside is not None:  # (rows past the window's width on the device: not the window's)
+            tail &= inside
         old = st.seq.gather(1, pos) if st.window_drafts is None else st.window_drafts
         had = st.window_had  # holds a draft from before this pass
         new = self._gumbel(st, probs, pos, L) if self.coupling == "gumbel" else samples
@@ -139,8 +142,12 @@ class JacobiDrafts:
         st.seq.scatter_(1, pos, torch.where(tail, new, old))
         # the pass's rows become the q of the new drafts; committed positions keep
         # theirs too: sample-left/above draw from them
-        st.put_rows(st.ring, st.window_slots, probs, st.window_rows)
-        end = pos[:, -1] + 1
+        if inside is None:
+            st.put_rows(st.ring, st.window_slots, probs, st.window_rows)
+            end = pos[:, -1] + 1
+        else:
+            st.put_rows(st.ring, torch.where(inside, st.window_slots, st.ring_size), probs)
+            end = pos[:, 0] + st.window_width
         st.draft_end = torch.maximum(st.draft_end, end)
         st.informed_end = torch.maximum(st.informed_end, end)
         st.host_draft_end = [max(d, c + L + 1) for d, c in zip(st.host_draft_end, st.host_cached)]

@@ -46,9 +46,11 @@ lengths every ``READ_EVERY`` steps, and every step once the slowest image could 
 ended; a static KV cache reads them too where the bounds it keeps would read another
 bucket of keys.  The tokens are the host step's; so one graph can hold the forward and
 the step (``tests/test_device_step.py`` compiles it with ``fullgraph=True``).  Draft
-models and heads, trees, proactive and row-parallel drafts and skipping schedules
-(VVS) shape their work by lengths read on the host: they keep the host step
-(``device_step_blocker`` says why).
+models and heads, trees, proactive and row-parallel drafts and the similarity schedule
+(VVS-D) shape their work by lengths read on the host: they keep the host step
+(``device_step_blocker`` says why).  A uniform schedule's skip (VVS-U) is due by the
+step count: the skip commits on the device, and the forward after it runs as wide as
+the committed tokens can make it, its rows past the host step's width masked.
 
 A verified distribution that is not one (NaN, from a NaN or infinite logit, as
 float16 weights produce when they overflow) stops decoding with
@@ -233,7 +235,9 @@ class SpeculativeDecoder:
             raise ConfigError(f"the step cannot stay on the device: {self.device_step_blocker}")
         self.device_step = device_step
         # finished images leave the batch (LEAVE_SHARE) where nothing else keeps per-image state
-        self.leaves = bool(config.drafts) and host_bound is None and getattr(adapter, "drops_samples", False)
+        # (not under a skipping schedule: a batch skips together, and its window after a skip is the batch's)
+        self.leaves = (bool(config.drafts) and host_bound is None and config.verify_schedule == "every"
+                       and getattr(adapter, "drops_samples", False))
 
     def _host_bound(self, drafter) -> str | None:
         """What in this configuration keeps state of its own per image and step, shaped by lengths
@@ -243,7 +247,7 @@ class SpeculativeDecoder:
             return None  # plain AR reads nothing per step anyway
         if drafter is not None:
             return f"the {getattr(drafter, 'name', '') or 'draft model'} drafts from lengths read on the host"
-        if c.verify_schedule != "every":
+        if c.verify_schedule not in ("every", "uniform"):  # (uniform skips are due by the step count)
             return f"the {c.verify_schedule!r} schedule decides its skips on the host"
         if self.proactive or self.rows:
             return "proactive and row-parallel drafts are shaped by lengths read on the host"
@@ -377,7 +381,8 @@ class SpeculativeDecoder:
                     st.set_drafts(width)
             if st.device_step:  # the host reads every READ_EVERY steps, and every step once the batch
                 # could have ended (no forward is spent past it); the callback sees those
-                if st.step % READ_EVERY and min(st.host_committed) + (st.step - read) * (st.drafts + 1) < T:
+                most = st.drafts + 1 + st.max_commit  # tokens a step can commit
+                if st.step % READ_EVERY and min(st.host_committed) + (st.step - read) * most < T:
                     continue
                 self._read(st)
                 read = st.step
@@ -494,8 +499,13 @@ class SpeculativeDecoder:
 
     def _verify(self, st: DecodeState, timer: "Timer"):
         ad, B, T = self.adapter, st.batch, st.length
+        width = None  # the host step's window width where the step on the device runs a wider one
         if st.device_step:  # nothing read on the host: the full window, its rows past the image masked
             waiting, L, near_end = 1, st.drafts + 1, True
+            if st.skips and st.log[-1][0] == "S":  # after a skip the committed tokens lead: as wide as they can be, the
+                # rows past the host's width (the drafts plus the most any sample has waiting) masked
+                waiting, L = 1 + st.max_commit, L + st.max_commit
+                width = st.drafts + (st.n_committed - st.n_cached).max()
         else:
             waiting = max(c - n for c, n in zip(st.host_committed, st.host_cached))
             L = max(1, min(st.drafts + waiting, max(T - n for n in st.host_cached)))
@@ -553,6 +563,7 @@ class SpeculativeDecoder:
         # what the draft source reads of this window (state.py)
         st.window_targets, st.window_slots, st.window_had = target, slots, had
         st.window_drafts, st.window_rows, st.window_near_end = (x if coupled else None), ring_rows, near_end
+        st.window_width = width
         if judged:
             cut = (lambda t: t) if judged == L else (lambda t: t[:, :judged])
             q = DraftDistributions(st.ring, cut(slots), st.batch_idx, cut(ring_rows))
@@ -571,6 +582,8 @@ class SpeculativeDecoder:
                 ok = ok | (on_spine.unsqueeze(1) & (rows >= 0) & (rows < levels))
             if near_end:
                 ok = ok & (tp < T)
+            if width is not None:  # a row's draft is the next row's input: inside the width
+                ok = ok & (window[1:] < width)
             passed = ok.cumprod(1).sum(1)  # rows that stand (a bool's cumprod is int64)
         else:
             passed = torch.zeros(B, dtype=torch.long, device=base.device)
@@ -601,7 +614,9 @@ class SpeculativeDecoder:
             bad |= lower.bad.unsqueeze(1)
         if near_end:
             bad &= target < T
-        rejected = passed < tested
+        if width is not None:
+            bad &= window < width
+        rejected = passed < (tested if width is None else width - 1)
         new_tok = drawn.gather(1, passed.unsqueeze(1))
         if tested and not (coupled and self.exact):
             # the first rejection resamples from the rule's residual (same uniform)
@@ -658,8 +673,9 @@ class SpeculativeDecoder:
             st.bad_pos = torch.where(newly, base + first_bad + 1, st.bad_pos)
             st.bad_step = torch.where(newly, st.step, st.bad_step)
             ad.rollback(L - keep)
+            plan = self.schedule.plan(st)  # (a uniform skip is due by the host's count; its lengths stay here)
             self._extend(st)
-            return None
+            return None if plan is None else (plan, None)
         plan = self.schedule.plan(st)
         sync = torch.stack([st.n_cached, st.n_committed, L - keep, bad.sum(1)]  # (one dtype: no promotion)
                            + ([plan] if plan is not None else [])).tolist()
@@ -677,7 +693,7 @@ class SpeculativeDecoder:
         self._extend(st)
         if self.rows:  # the lower rows' draws and drafts (after the window's: see settle_rows)
             settle_rows(st, lower)
-        if plan is not None and min(sync[3]) >= 0 and max(sync[3]) > 0:
+        if plan is not None and min(sync[3]) >= 0:  # no sample dissents (one with nothing to commit abstains)
             return plan, sync[3]
         return None
 
@@ -817,11 +833,13 @@ class SpeculativeDecoder:
         tokens.view(-1).index_copy_(0, idx, draws.view(-1))
         return torch.where(tokens < V, tokens, x)
 
-    def _skip(self, st: DecodeState, m: torch.Tensor, m_host: list[int]):
-        """Commit ``m[b]`` informed drafts of each sample without a forward."""
+    def _skip(self, st: DecodeState, m: torch.Tensor, m_host: list[int] | None):
+        """Commit ``m[b]`` informed drafts of each sample without a forward (``m_host``: the host's
+        copy; None on the step on the device, which reads the lengths later)."""
         st.log.append(("S", st.n_committed, st.n_committed + m, m > 0, None))
         st.n_committed = st.n_committed + m
-        st.host_committed = [c + d for c, d in zip(st.host_committed, m_host)]
+        if m_host is not None:
+            st.host_committed = [c + d for c, d in zip(st.host_committed, m_host)]
         st.verified_since_skip = 0
         self._extend(st)
 

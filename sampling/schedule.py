@@ -12,6 +12,11 @@ unverified at the next step, or ``None`` to verify.  Rules shared by every skipp
 * the next forward prepends the committed tokens ("post-verification"): they
   refill the KV cache and are never rejected.
 
+* a due skip is taken unless a sample dissents; a sample with nothing to commit
+  abstains, so a skip may commit nothing (it runs no forward either).  The uniform
+  schedule's skips are then due by the step count alone, which lets the step stay
+  on the device (engine.py).
+
 VVS chooses one of the drafter's candidate paths uniformly at random.  Jacobi
 candidates are independent draws from the same per-position distributions, so
 the tail already in the window *is* such a uniform choice; extra paths are drawn

@@ -30,6 +30,8 @@ name                shape / type                   meaning (R = read, W = write)
 ``window_rows``     int64 ``[B, L]``               R the slots' rows in ``ring`` viewed ``[B * R, V]``
                                                    (``ring_rows``; ``rows`` and ``put_rows`` take them)
 ``window_near_end`` bool                           R some of its rows predict past an image's end
+``window_width``    int64 ``[]`` or None           R on the device step after a skip: the window's width,
+                                                   its rows at and past it not the window's (None: all are)
 ``extend_span``     ``(list[int], list[int])``     R in ``extend`` on the host step: each sample's ``start``
                                                    and ``stop`` as the host has them (None on the device step)
 ``n_committed``,    int64 ``[B]``, ``list[int]``   R committed prefix length (and host mirror)
@@ -156,6 +158,7 @@ class DecodeState:
         self.window_positions = self.window_targets = self.window_slots = self.window_had = None
         self.window_drafts = self.window_rows = self.extend_span = None
         self.window_near_end = True
+        self.window_width = None
         self.block: rng.UniformBlock | None = None  # random numbers for the next few steps (uniform)
         # (kind, committed before, committed after, rejected, position of the drawn
         # token) per step: origins, histograms and counts are rebuilt from it once

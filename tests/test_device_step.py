@@ -44,11 +44,14 @@ MODES = {"ar": dict(mode="ar"), "sjd": dict(mode="sjd", window=6), "gsd": dict(m
          "sjd-repeat-above": dict(mode="sjd", window=6, init="repeat-above"),
          "gsd-independent": dict(mode="gsd", window=6, draft_coupling="none"),
          "sjd-window-1": dict(mode="sjd", window=1), "sjd-gumbel": dict(mode="sjd", window=6, draft_coupling="gumbel"),
-         "lantern-gumbel": dict(mode="lantern", window=6, lantern_k=4, draft_coupling="gumbel")}
+         "lantern-gumbel": dict(mode="lantern", window=6, lantern_k=4, draft_coupling="gumbel"),
+         "vvs": dict(mode="vvs", window=6, lantern_k=4),
+         "vvs-interval-3": dict(mode="vvs", window=6, lantern_k=4, skip_interval=3),
+         "sjd-uniform-skips": dict(mode="sjd", window=6, schedule="uniform")}
 CHEAP = ["embedded", "llamagen-c2i", "llamagen-t2i", "janus", "lumina", "emu3"]  # anole, liquid: 1025, 1024 positions
 OTHERS = [("anole", "sjd"), ("liquid", "lantern"), ("lumina2", "sjd"), ("lumina2", "gsd-independent"),
           ("simplear", "sjd"), ("simplear", "lantern"), ("emu3.5", "sjd"), ("emu3.5", "gsd"),
-          ("glm-image", "sjd"), ("glm-image", "sjd-independent")]
+          ("glm-image", "sjd"), ("glm-image", "sjd-independent"), ("emu3.5", "vvs")]
 
 
 @pytest.mark.parametrize("family,mode", [(f, m) for f in CHEAP for m in MODES] + OTHERS)
@@ -65,6 +68,11 @@ def test_the_step_on_the_device_gives_the_host_steps_tokens(families, family, mo
     assert [r.origins for r in device.reports] == [r.origins for r in host.reports]
     if mode != "ar":  # not vacuous: windows were partly rejected, and the two images took different steps
         assert any(r.nfe < r.tokens for r in host.reports)
+    if config.verify_schedule == "uniform":  # skipped verifications, at the same steps
+        assert "S" in host.reports[0].step_kinds and device.reports[0].step_kinds == host.reports[0].step_kinds
+        assert [r.unverified_tokens for r in device.reports] == [r.unverified_tokens for r in host.reports]
+        if family != "janus":  # (the tiny Janus's windows take its 16 tokens whole: nothing left to skip)
+            assert any(r.unverified_tokens for r in host.reports)
 
 
 @pytest.mark.parametrize("mode", ["sjd", "lantern"])
@@ -114,7 +122,7 @@ def test_at_batch_one_the_host_reads_far_less_than_once_a_step(families, monkeyp
 
 
 @pytest.mark.parametrize("config,why", [
-    (dict(mode="vvs", window=6), "'uniform' schedule decides its skips on the host"),
+    (dict(mode="vvs", window=6, schedule="similarity"), "'similarity' schedule decides its skips on the host"),
     (dict(mode="sjd", window=6, proactive=3), "proactive and row-parallel drafts"),
     (dict(mode="sjd", window=6, rows=3, row_lead=2), "proactive and row-parallel drafts"),
 ])
@@ -204,7 +212,7 @@ HOST_READ = (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
 
 
 @pytest.mark.parametrize("family,mode", [("embedded", "sjd"), ("embedded", "gsd"), ("embedded", "lantern"),
-                                         ("embedded", "sjd-independent"), ("embedded", "sjd-gumbel"),
+                                         ("embedded", "sjd-independent"), ("embedded", "sjd-gumbel"), ("embedded", "vvs"),
                                          ("janus", "sjd")])
 def test_the_whole_step_compiles_as_one_graph(families, family, mode, monkeypatch):
     """``torch.compile(fullgraph=True)`` of one verify step, the forward on the static path
