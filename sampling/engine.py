@@ -227,6 +227,8 @@ class SpeculativeDecoder:
         # old drafts (see _verify), and under exact acceptance that is the verifier's test
         self.coupled = getattr(self.drafter, "redraw", "independent") == "coupled"
         self.exact = type(self.rule) is ExactAcceptance
+        # the rule's first rejection resamples from norm(max(0, p - q)) as the exact rule's does (GSD)
+        self.resamples_exactly = getattr(type(self.rule), "residual", None) is ExactAcceptance.residual
         host_bound = self._host_bound(drafter)
         self.device_step_blocker = host_bound or (
             None if getattr(adapter, "rolls_back_on_device", False) or not config.drafts else
@@ -550,13 +552,14 @@ class SpeculativeDecoder:
                        [c + 1 for c in st.host_cached])
         committed_before = st.n_committed
         coupled = self.coupled
+        residual_draws = None
 
         # judge the drafts: row j's draft is the token at position base + j + 1, for
         # rows 0..L-2 the window's own next input; coupled drafting judges the last
         # row's draft too (the test is its coupling test, see below)
         tested = L - 1
         slots = target % st.ring_size
-        judged = L if coupled and self.exact else tested
+        judged = L if coupled else tested  # (coupled: the last row's draft too, for the coupling's q)
         x = st.seq.gather(1, target) if coupled else inp[:, 1:]
         had = target < st.draft_end.unsqueeze(1)  # the row's position holds a draft from before this pass
         ring_rows = st.ring_rows(st.ring, slots)  # the slots' rows in the flattened ring
@@ -602,9 +605,8 @@ class SpeculativeDecoder:
             # from the first rejection on: under exact acceptance the test above is the
             # coupling test and one residual pass serves every row.  (Rows before
             # `passed` are never read, so they need not be told apart.)
-            stays = test if self.exact else u[..., 0] < EXACT.accept_prob(
-                probs, DraftDistributions(st.ring, slots, st.batch_idx, ring_rows), x)
-            drawn = self._coupled_draws(st, probs, slots, had, stays, x, u, dense=st.device_step)
+            stays = test if self.exact else u[..., 0] < EXACT.accept_prob(probs, q, x)
+            drawn, residual_draws = self._coupled_draws(st, probs, slots, had, stays, x, u, dense=st.device_step)
         else:
             drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
         bad = st.buffer("cumsum", L)[..., -1].isnan()  # rows that are no distribution
@@ -618,7 +620,14 @@ class SpeculativeDecoder:
             bad &= window < width
         rejected = passed < (tested if width is None else width - 1)
         new_tok = drawn.gather(1, passed.unsqueeze(1))
-        if tested and not (coupled and self.exact):
+        if tested and coupled and not self.exact and residual_draws is not None and self.resamples_exactly:
+            # GSD resamples as SJD: the coupled rows' draws are from that residual with the same
+            # uniform, so the first rejection's is the one at its row (without mass: the draft)
+            row = passed.unsqueeze(1)
+            redraw = residual_draws.gather(1, row)
+            redraw = torch.where(redraw < probs.shape[-1], redraw, x.gather(1, row))
+            new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
+        elif tested and not (coupled and self.exact):
             # the first rejection resamples from the rule's residual (same uniform)
             row = passed.clamp(max=tested - 1).unsqueeze(1)
             p_row = probs.gather(1, row.unsqueeze(2).expand(-1, -1, probs.shape[-1])).squeeze(1)
@@ -809,7 +818,8 @@ class SpeculativeDecoder:
         no host sync); larger CPU windows draw every row from ``p`` and then pick the
         falling rows, so rows that keep their draft cost no pass over the
         vocabulary.  Both give the same tokens; the step on the device (``dense``) draws
-        densely, as picking rows would read their number on the host."""
+        densely, as picking rows would read their number on the host.  Also returns the dense
+        path's residual draw of every row (``V`` where it has no mass; None on the other path)."""
         B, L, V = probs.shape
         if dense or probs.is_cuda or had.numel() * V <= DENSE_RESIDUAL:
             # rows without a draft draw from p: their q counts as zero
@@ -817,7 +827,7 @@ class SpeculativeDecoder:
             torch.addcmul(probs, res, had.unsqueeze(-1), value=-1, out=res).clamp_(min=0.0)
             drawn = rng.categorical(res, u[..., 1:], st.buffer("cumsum", L), empty="past-end").squeeze(-1)
             # a residual without mass (p and q equal to float precision) keeps the draft
-            return torch.where((had & stays) | (drawn == V), x, drawn)
+            return torch.where((had & stays) | (drawn == V), x, drawn), drawn
         redo = had & ~stays
         samples = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)
         tokens = torch.where(had, x, samples)
@@ -831,7 +841,7 @@ class SpeculativeDecoder:
         res.sub_(q).clamp_(min=0.0)
         draws = rng.categorical(res, u.reshape(-1, 2)[idx, 1:], q, empty="past-end")
         tokens.view(-1).index_copy_(0, idx, draws.view(-1))
-        return torch.where(tokens < V, tokens, x)
+        return torch.where(tokens < V, tokens, x), None
 
     def _skip(self, st: DecodeState, m: torch.Tensor, m_host: list[int] | None):
         """Commit ``m[b]`` informed drafts of each sample without a forward (``m_host``: the host's
