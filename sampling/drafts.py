@@ -163,13 +163,14 @@ class JacobiDrafts:
                 noise = st.source_state["gumbel"] = {
                     "e": torch.empty(st.batch, st.ring_size + 1, V, device=probs.device),
                     "end": [c + 1 for c in st.host_cached]}
-            for b, (c, end) in enumerate(zip(st.host_cached, noise["end"])):
-                upto = c + L + 1  # the window predicts positions c + 1 .. c + L
-                if upto > end:
-                    fresh = torch.arange(end, upto, device=probs.device)
-                    noise["e"][b, fresh % st.ring_size] = rng.exponential(st.keys[b:b + 1], rng.COUPLE + 1,
-                                                                          fresh.unsqueeze(0), V)[0]
-                    noise["end"][b] = upto
+            ends, upto = noise["end"], [c + L + 1 for c in st.host_cached]  # the window predicts c + 1 .. c + L
+            n = max(u - e for u, e in zip(upto, ends))
+            if n > 0:  # every image's new positions at once, those past its own masked to the scratch slot
+                fresh = torch.tensor(ends, device=probs.device).unsqueeze(1) + st.arange(n)
+                stop = torch.tensor(upto, device=probs.device).unsqueeze(1)
+                slots = torch.where(fresh < stop, fresh % st.ring_size, st.ring_size)
+                st.put_rows(noise["e"], slots, rng.exponential(st.keys, rng.COUPLE + 1, fresh, V))
+                noise["end"] = [max(u, e) for u, e in zip(upto, ends)]
             e = st.rows(noise["e"], pos % st.ring_size, "noise")
         return torch.div(probs, e, out=e).argmax(-1)
 
