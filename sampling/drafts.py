@@ -166,9 +166,9 @@ class JacobiDrafts:
             ends, upto = noise["end"], [c + L + 1 for c in st.host_cached]  # the window predicts c + 1 .. c + L
             n = max(u - e for u, e in zip(upto, ends))
             if n > 0:  # every image's new positions at once, those past its own masked to the scratch slot
-                fresh = torch.tensor(ends, device=probs.device).unsqueeze(1) + st.arange(n)
-                stop = torch.tensor(upto, device=probs.device).unsqueeze(1)
-                slots = torch.where(fresh < stop, fresh % st.ring_size, st.ring_size)
+                span = torch.tensor([ends, upto], device=probs.device).unsqueeze(2)  # [2, B, 1]: one copy
+                fresh = span[0] + st.arange(n)
+                slots = torch.where(fresh < span[1], fresh % st.ring_size, st.ring_size)
                 st.put_rows(noise["e"], slots, rng.exponential(st.keys, rng.COUPLE + 1, fresh, V))
                 noise["end"] = [max(u, e) for u, e in zip(upto, ends)]
             e = st.rows(noise["e"], pos % st.ring_size, "noise")

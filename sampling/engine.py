@@ -227,8 +227,9 @@ class SpeculativeDecoder:
         # old drafts (see _verify), and under exact acceptance that is the verifier's test
         self.coupled = getattr(self.drafter, "redraw", "independent") == "coupled"
         self.exact = type(self.rule) is ExactAcceptance
-        # the rule's first rejection resamples from norm(max(0, p - q)) as the exact rule's does (GSD)
-        self.resamples_exactly = getattr(type(self.rule), "residual", None) is ExactAcceptance.residual
+        # a relaxed rule whose first rejection resamples from SJD's norm(max(0, p - q)) (GSD)
+        self.resamples_exactly = (not self.exact
+                                  and getattr(type(self.rule), "residual", None) is ExactAcceptance.residual)
         host_bound = self._host_bound(drafter)
         self.device_step_blocker = host_bound or (
             None if getattr(adapter, "rolls_back_on_device", False) or not config.drafts else
@@ -620,7 +621,7 @@ class SpeculativeDecoder:
             bad &= window < width
         rejected = passed < (tested if width is None else width - 1)
         new_tok = drawn.gather(1, passed.unsqueeze(1))
-        if tested and coupled and not self.exact and residual_draws is not None and self.resamples_exactly:
+        if tested and residual_draws is not None and self.resamples_exactly:
             # GSD resamples as SJD: the coupled rows' draws are from that residual with the same
             # uniform, so the first rejection's is the one at its row (without mass: the draft)
             row = passed.unsqueeze(1)
