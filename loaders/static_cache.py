@@ -178,6 +178,7 @@ class StaticKV:
         self.host_length = [0] * rows
         self.key_ok = torch.ones(rows, capacity, dtype=torch.bool, device=device)
         self.capacity, self.rows, self.bucket = capacity, rows, bucket
+        self.row_index = torch.arange(rows, device=device).unsqueeze(1)  # [rows, 1]: where write puts entries
         self.pos = None
         self.keys = 0
         self.bounded = False  # host_length holds upper bounds, host_floor lower ones (rollback_on_device)
@@ -265,11 +266,10 @@ class StaticKV:
         """After a tree forward from ``start[row]``: keep nodes ``nodes[row, :counts[row]]``
         (a root-to-node path, in order) at ``start .. start + count`` and drop the rest."""
         base = torch.tensor(start, device=self.length.device).view(-1, 1)
-        src = (base + nodes).view(1, -1, 1, nodes.shape[1], 1)
-        dst = (base + torch.arange(nodes.shape[1], device=base.device)).view(1, -1, 1, nodes.shape[1], 1)
-        for buf in (self.K, self.V):  # every layer at once
-            moved = buf.gather(3, src.expand(buf.shape[0], -1, buf.shape[2], -1, buf.shape[4]))
-            buf.scatter_(3, dst.expand_as(moved), moved)
+        src, dst = base + nodes, base + torch.arange(nodes.shape[1], device=base.device)
+        for buf in (self.K, self.V):  # every layer at once, by (row, position) as in write
+            by_position = buf.transpose(2, 3)  # [layers, rows, capacity, heads, head_dim]
+            by_position[:, self.row_index, dst] = by_position[:, self.row_index, src]
         self.host_length = [a + c for a, c in zip(start, counts)]
         self.length.copy_(torch.tensor(self.host_length, device=self.length.device))
 
@@ -289,14 +289,18 @@ class StaticKV:
         self.host_length = [self.host_length[r] for r in rows]
         self.host_floor = [self.host_floor[r] for r in rows]
         self.rows = len(rows)
+        self.row_index = self.row_index[: self.rows]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Store ``k, v`` ``[rows, heads, L, hd]`` at each row's positions; return
         the keys and values attention reads."""
-        idx = self.pos[:, None, :, None].expand(k.shape)
         keys, values = self.K[layer], self.V[layer]
-        keys.scatter_(2, idx, k)
-        values.scatter_(2, idx, v)
+        # index_put_ over (row, position), not scatter_ along positions: on the CPU a bfloat16
+        # scatter_ costs time by the whole buffer's size (24 ms for one token of a 7B layer's
+        # cache at batch 1, against 0.03 ms; float32 2-3x); the same entries
+        at = (self.row_index, self.pos)
+        keys.transpose(1, 2).index_put_(at, k.transpose(1, 2))
+        values.transpose(1, 2).index_put_(at, v.transpose(1, 2))
         return keys[:, :, : self.keys], values[:, :, : self.keys]
 
     def advance(self, n: list[int]):
