@@ -209,9 +209,15 @@ class RepetitionPenalty:
         """``lengths`` exact again (one host read)."""
         self.lengths = self.device_lengths.tolist()
 
-    def keep_tree(self, nodes: torch.Tensor, counts: list[int]) -> None:
-        """After :meth:`tree`: the nodes ``nodes[b, :counts[b]]`` stay in the cache, in order."""
-        self.cached(self.tree_tokens.gather(1, nodes.to(self.tree_tokens.device)), counts)
+    def keep_tree(self, nodes: torch.Tensor, counts: list[int] | torch.Tensor) -> None:
+        """After :meth:`tree`: the nodes ``nodes[b, :counts[b]]`` stay in the cache, in order (``counts`` a
+        device tensor: all of them join, and those past each count are rolled back as by :meth:`rollback`)."""
+        kept = self.tree_tokens.gather(1, nodes.to(self.tree_tokens.device))
+        if isinstance(counts, torch.Tensor):
+            self.cached(kept)
+            self.rollback(kept.shape[1] - counts)
+        else:
+            self.cached(kept, counts)
         self.tree_tokens = None
 
     # -- the logits -------------------------------------------------------------------------------

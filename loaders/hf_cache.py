@@ -72,7 +72,9 @@ class StaticCache:
         self.kv, self.argument = kv, argument
         self.view = _kv_view(kv)
         self._added = 0
-        self._tree_start: list[int] = []
+        #: the rows' lengths before the last tree forward (set by the adapter's forward_tree after it,
+        #: outside what a captured graph replays)
+        self.tree_start: list[int] = []
 
     @property
     def valid(self) -> list[int]:
@@ -98,7 +100,6 @@ class StaticCache:
         itself (``sampling.tree.ancestors``, computed outside a captured forward: it
         synchronises with the host), or what each node sees with its ``depth`` given."""
         self._added = within.shape[1]
-        self._tree_start = list(self.kv.host_length)
         return self._inputs(*self.kv.begin_tree(within.sum(-1) - 1 if depth is None else depth, within, keys=keys))
 
     def commit(self):
@@ -110,8 +111,8 @@ class StaticCache:
         elif any(n):
             self.kv.advance([-k for k in n])
 
-    def keep_tree(self, nodes: torch.Tensor, counts: list[int]):
-        self.kv.keep(self._tree_start, nodes, counts)
+    def keep_tree(self, nodes: torch.Tensor, counts: list[int] | torch.Tensor):
+        self.kv.keep(self.tree_start, nodes, counts)
 
     def keep_rows(self, rows: list[int]):
         """Only ``rows`` stay (images leaving the batch)."""
@@ -222,6 +223,8 @@ class TransformersAdapter(ImageAdapter):
             logits, features = static_forward(self, self.cache.kv, self._static_tree, tokens, parents, graph)
             if self.keep_features:
                 self.features = features.clone()
+        # where the rows stood before it (read after it: the forward may have read exact lengths on the host)
+        self.cache.tree_start = [n - tokens.shape[1] for n in self.cache.kv.host_length]
         if self.repeats is not None:
             if within is None:
                 within = ancestors(parents) if graph is None else graph[0]
@@ -313,9 +316,10 @@ class TransformersAdapter(ImageAdapter):
 
     def keep_tree(self, nodes, counts):
         reps = len(self.cache.valid) // len(counts)
-        self.cache.keep_tree(nodes.repeat(reps, 1), list(counts) * reps)
+        on_device = isinstance(counts, torch.Tensor)
+        self.cache.keep_tree(nodes.repeat(reps, 1), counts.repeat(reps) if on_device else list(counts) * reps)
         if self.repeats is not None:
-            self.repeats.keep_tree(nodes, list(counts))
+            self.repeats.keep_tree(nodes, counts if on_device else list(counts))
 
     rolls_back_on_device = True
 

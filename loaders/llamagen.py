@@ -387,7 +387,6 @@ class LlamaGenAdapter(ImageAdapter):
     def forward_tree(self, tokens, parents, graph=None):
         from ..sampling.tree import ancestors
 
-        self._tree_start = list(self.cache.host_length)
         if self.decode_path == "eager":
             within, depth = (ancestors(parents), None) if graph is None else graph
             # a graph's forwards are wide: read the keys the static path reads (padded width), for its numbers
@@ -397,6 +396,8 @@ class LlamaGenAdapter(ImageAdapter):
         else:
             logits, features = static_forward(self, self.cache, self._static_tree, tokens, parents, graph)
             features = features.clone()
+        # where the rows stood before it (read after it: the forward may have read exact lengths on the host)
+        self._tree_start = [n - tokens.shape[1] for n in self.cache.host_length]
         if self.keep_features:
             self.features = features
         return logits
@@ -412,7 +413,8 @@ class LlamaGenAdapter(ImageAdapter):
 
     def keep_tree(self, nodes, counts):
         branches = len(self.cache.host_length) // len(counts)
-        self.cache.keep(self._tree_start, nodes.repeat(branches, 1), list(counts) * branches)
+        counts = counts.repeat(branches) if isinstance(counts, torch.Tensor) else list(counts) * branches
+        self.cache.keep(self._tree_start, nodes.repeat(branches, 1), counts)
 
     def cache_lengths(self):
         return self.cache.length[: self.batch] - self.spec.cond_tokens

@@ -262,14 +262,25 @@ class StaticKV:
         mask = torch.where(idx >= s, in_tree, mask.squeeze(1))
         return start.unsqueeze(1) + depth - self.offset.unsqueeze(1), mask.unsqueeze(1)
 
-    def keep(self, start: list[int], nodes: torch.Tensor, counts: list[int]):
+    def keep(self, start: list[int], nodes: torch.Tensor, counts: list[int] | torch.Tensor):
         """After a tree forward from ``start[row]``: keep nodes ``nodes[row, :counts[row]]``
-        (a root-to-node path, in order) at ``start .. start + count`` and drop the rest."""
-        base = torch.tensor(start, device=self.length.device).view(-1, 1)
+        (a root-to-node path, in order) at ``start .. start + count`` and drop the rest.
+        ``counts`` may be a device tensor the host has not read (the engine's step on the
+        device): each row then starts where its length stood before the forward, and
+        ``host_length`` stays an upper bound, as after :meth:`rollback_on_device`."""
+        on_device = isinstance(counts, torch.Tensor)
+        if on_device:  # every row took as many nodes: the host's start and length differ by them
+            base = (self.length - (self.host_length[0] - start[0])).view(-1, 1)
+        else:
+            base = torch.tensor(start, device=self.length.device).view(-1, 1)
         src, dst = base + nodes, base + torch.arange(nodes.shape[1], device=base.device)
         for buf in (self.K, self.V):  # every layer at once, by (row, position) as in write
             by_position = buf.transpose(2, 3)  # [layers, rows, capacity, heads, head_dim]
             by_position[:, self.row_index, dst] = by_position[:, self.row_index, src]
+        if on_device:
+            self.length.copy_(base.view(-1) + counts)
+            self.bounded = True
+            return
         self.host_length = [a + c for a, c in zip(start, counts)]
         self.length.copy_(torch.tensor(self.host_length, device=self.length.device))
 

@@ -165,7 +165,8 @@ class ImageAdapter:
 
     def keep_tree(self, nodes: torch.Tensor, counts: list[int]) -> None:
         """After :meth:`forward_tree`: keep nodes ``nodes[b, :counts[b]]`` (a path from
-        the root, in order) in sample ``b``'s cache and drop the other nodes."""
+        the root, in order) in sample ``b``'s cache and drop the other nodes.  An adapter
+        that sets ``rolls_back_on_device`` takes ``counts`` as a device tensor too."""
         raise NotImplementedError(f"{type(self).__name__} cannot score draft trees")
 
     def logits_from_features(self, features: torch.Tensor) -> torch.Tensor:

@@ -45,12 +45,14 @@ masked), and a non-finite row is kept as a device (step, position).  The host re
 lengths every ``READ_EVERY`` steps, and every step once the slowest image could have
 ended; a static KV cache reads them too where the bounds it keeps would read another
 bucket of keys.  The tokens are the host step's; so one graph can hold the forward and
-the step (``tests/test_device_step.py`` compiles it with ``fullgraph=True``).  Draft
-models and heads, trees, proactive and row-parallel drafts and the similarity schedule
-(VVS-D) shape their work by lengths read on the host: they keep the host step
-(``device_step_blocker`` says why).  A uniform schedule's skip (VVS-U) is due by the
-step count: the skip commits on the device, and the forward after it runs as wide as
-the committed tokens can make it, its rows past the host step's width masked.
+the step (``tests/test_device_step.py`` compiles it with ``fullgraph=True``).  Proactive
+and row-parallel drafts score their trees beside the window there too: the adapter keeps
+the path that stands by device counts (``keep_tree``, as ``rollback``).  Draft models and
+heads (and their trees) and the similarity schedule (VVS-D) shape their work by lengths
+read on the host: they keep the host step (``device_step_blocker`` says why).  A uniform
+schedule's skip (VVS-U) is due by the step count: the skip commits on the device, and the
+forward after it runs as wide as the committed tokens can make it, its rows past the host
+step's width masked.
 
 A verified distribution that is not one (NaN, from a NaN or infinite logit, as
 float16 weights produce when they overflow) stops decoding with
@@ -238,9 +240,10 @@ class SpeculativeDecoder:
             raise ConfigError(f"the step cannot stay on the device: {self.device_step_blocker}")
         self.device_step = device_step
         # finished images leave the batch (LEAVE_SHARE) where nothing else keeps per-image state
-        # (not under a skipping schedule: a batch skips together, and its window after a skip is the batch's)
+        # (not under a skipping schedule: a batch skips together, and its window after a skip is the batch's;
+        # nor with row-parallel drafts, whose fixed tokens the report reads for the whole batch)
         self.leaves = (bool(config.drafts) and host_bound is None and config.verify_schedule == "every"
-                       and getattr(adapter, "drops_samples", False))
+                       and not self.rows and getattr(adapter, "drops_samples", False))
 
     def _host_bound(self, drafter) -> str | None:
         """What in this configuration keeps state of its own per image and step, shaped by lengths
@@ -252,8 +255,6 @@ class SpeculativeDecoder:
             return f"the {getattr(drafter, 'name', '') or 'draft model'} drafts from lengths read on the host"
         if c.verify_schedule not in ("every", "uniform"):  # (uniform skips are due by the step count)
             return f"the {c.verify_schedule!r} schedule decides its skips on the host"
-        if self.proactive or self.rows:
-            return "proactive and row-parallel drafts are shaped by lengths read on the host"
         return None
 
     def _steps_on_device(self, trial) -> bool:
@@ -682,9 +683,14 @@ class SpeculativeDecoder:
             newly = (st.bad_step < 0) & (first_bad >= 0)
             st.bad_pos = torch.where(newly, base + first_bad + 1, st.bad_pos)
             st.bad_step = torch.where(newly, st.step, st.bad_step)
-            ad.rollback(L - keep)
+            if nodes is not None or self.rows:  # the window rows that stand (or the walk's path) stay
+                ad.keep_tree(window.expand(B, L) if nodes is None else nodes, keep)
+            else:
+                ad.rollback(L - keep)
             plan = self.schedule.plan(st)  # (a uniform skip is due by the host's count; its lengths stay here)
             self._extend(st)
+            if self.rows:
+                settle_rows(st, lower)
             return None if plan is None else (plan, None)
         plan = self.schedule.plan(st)
         sync = torch.stack([st.n_cached, st.n_committed, L - keep, bad.sum(1)]  # (one dtype: no promotion)
@@ -863,7 +869,12 @@ class SpeculativeDecoder:
             if st.horizon:
                 self.drafter.extend(st, start, stop, st.horizon)
             st.draft_end = torch.maximum(start, stop)
-            return
+        else:
+            self._extend_on_host(st)
+        if st.fixed is not None:  # a lower row's fixed token is the draft at its position
+            torch.where(st.fixed >= 0, st.fixed, st.seq, out=st.seq)
+
+    def _extend_on_host(self, st: DecodeState):
         # never over committed tokens: a source may leave draft_end behind them
         st.host_draft_end = [max(d, c) for d, c in zip(st.host_draft_end, st.host_committed)]
         # no drafts past the image: no window scores them (a draft model would spend forwards on them)
@@ -876,9 +887,6 @@ class SpeculativeDecoder:
             self.drafter.extend(st, st.draft_end, stop_t, width)
             st.draft_end = torch.maximum(st.draft_end, stop_t)
             st.host_draft_end = [max(d, e) for d, e in zip(st.host_draft_end, stop)]
-        if st.fixed is not None:  # a lower row's fixed token is the draft at its position
-            torch.where(st.fixed >= 0, st.fixed, st.seq, out=st.seq)
-
 
     def _notify(self, callback, st):
         if callback is None:

@@ -72,6 +72,7 @@ class Sprout:
     walk_valid: torch.Tensor
     draft_rows: torch.Tensor
     levels: int
+    branching: int  # K: every node's children
 
 
 def sprout(st, inp: torch.Tensor, base: torch.Tensor, r0: torch.Tensor, K: int, levels: int) -> Sprout:
@@ -112,7 +113,7 @@ def sprout(st, inp: torch.Tensor, base: torch.Tensor, r0: torch.Tensor, K: int, 
     draft_rows = q[:, walk_depth.clamp(max=levels - 1)]  # a node's children come from the next level's q
     target = base.unsqueeze(1) + r0.unsqueeze(1) + depths + 1
     return Sprout(tokens, rows_par, walk_valid[:, levels + 1:], target, walk_rows, walk_parents, walk_valid,
-                  draft_rows, levels)
+                  draft_rows, levels, K)
 
 
 def walk(sp: Sprout, probs: torch.Tensor, tokens: torch.Tensor, st, rule, exact: bool):
@@ -126,7 +127,7 @@ def walk(sp: Sprout, probs: torch.Tensor, tokens: torch.Tensor, st, rule, exact:
     M = rows.shape[1]
     wp = probs.gather(1, rows.unsqueeze(-1).expand(-1, -1, probs.shape[-1]))
     wt = tokens.gather(1, rows)
-    kids = children(sp.walk_parents, sp.walk_valid)
+    kids = children(sp.walk_parents, sp.walk_valid, sp.branching)
     # one coin per node, keyed by what the node is (a spine depth, or an extra node, numbered
     # the same in every tree of fewer levels) so that an image does not depend on its batch,
     # whose longest window sets the levels near the image's end

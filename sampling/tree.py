@@ -24,18 +24,19 @@ from .config import ConfigError
 
 def ancestors(parents: torch.Tensor) -> torch.Tensor:
     """``[B, N, N]`` bool: ``a[b, i, j]`` when node ``j`` is node ``i`` or one of its
-    ancestors (the attention a node has within the tree)."""
+    ancestors (the attention a node has within the tree).  Pointer doubling: after round
+    ``k`` a node holds its ancestors within ``2^k`` generations and ``jump`` its ``2^k``-th
+    ancestor, so ``ceil(log2 N)`` rounds of fixed shapes serve any tree, with nothing read
+    on the host (the step on the device scores trees too)."""
     B, N = parents.shape
-    out = torch.eye(N, dtype=torch.bool, device=parents.device).repeat(B, 1, 1)
-    cur = parents.clone()
-    rows = torch.arange(N, device=parents.device).expand(B, N)
-    batch = torch.arange(B, device=parents.device).unsqueeze(1).expand(B, N)
-    for _ in range(N):  # pointer jumping: each pass goes one generation up
-        live = cur >= 0
-        if not bool(live.any()):
-            break
-        out[batch[live], rows[live], cur[live]] = True
-        cur = torch.where(live, parents.gather(1, cur.clamp(min=0)), cur)
+    eye = torch.eye(N, dtype=torch.bool, device=parents.device)
+    jump = parents
+    out = eye | (torch.nn.functional.one_hot(jump.clamp(min=0), N).bool() & (jump >= 0).unsqueeze(2))
+    for _ in range(max(0, N - 2).bit_length()):  # 2^rounds >= N - 1, the deepest a tree of N nodes goes
+        live = (jump >= 0).unsqueeze(2)
+        at = jump.clamp(min=0)
+        out = out | (out.gather(1, at.unsqueeze(2).expand(B, N, N)) & live)
+        jump = torch.where(jump >= 0, jump.gather(1, at), jump)
     return out
 
 
@@ -78,14 +79,17 @@ class PointMass:
         return torch.nn.functional.one_hot(self.x, vocab).float()
 
 
-def children(parents: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def children(parents: torch.Tensor, valid: torch.Tensor, most: int | None = None) -> torch.Tensor:
     """``[B, M, K]``: the valid children of each node of ``parents`` ``[B, M]``
-    (``-1``: no parent), in node order, ``-1``-padded."""
+    (``-1``: no parent), in node order, ``-1``-padded.  ``most``: the most children a
+    node has, where the caller knows it (else read on the host)."""
     B, M = parents.shape
     owner = torch.where(valid & (parents >= 0), parents, M)  # the others go to a row that is cut off
     earlier = torch.ones(M, M, dtype=torch.bool, device=parents.device).tril(-1)
     rank = ((owner.unsqueeze(2) == owner.unsqueeze(1)) & earlier).sum(-1)  # among its siblings
-    out = torch.full((B, M + 1, int(rank.max()) + 1), -1, dtype=torch.long, device=parents.device)
+    rank = torch.where(owner < M, rank, 0)  # (the row cut off takes them all at one place)
+    K = int(rank.max()) + 1 if most is None else most
+    out = torch.full((B, M + 1, K), -1, dtype=torch.long, device=parents.device)
     batch = torch.arange(B, device=parents.device).unsqueeze(1).expand(B, M)
     out[batch, owner, rank] = torch.arange(M, device=parents.device).expand(B, M)
     return out[:, :M]

@@ -44,14 +44,18 @@ MODES = {"ar": dict(mode="ar"), "sjd": dict(mode="sjd", window=6), "gsd": dict(m
          "sjd-repeat-above": dict(mode="sjd", window=6, init="repeat-above"),
          "gsd-independent": dict(mode="gsd", window=6, draft_coupling="none"),
          "sjd-window-1": dict(mode="sjd", window=1), "sjd-gumbel": dict(mode="sjd", window=6, draft_coupling="gumbel"),
-         "vvs": dict(mode="vvs", window=6, lantern_k=4)}
+         "vvs": dict(mode="vvs", window=6, lantern_k=4),
+         "sjd-proactive": dict(mode="sjd", window=6, proactive=3),
+         "sjd-rows": dict(mode="sjd", window=6, rows=3, row_lead=2)}
 #: on a few families only: the same parts as above, combined otherwise
 MORE = {"lantern-gumbel": dict(mode="lantern", window=6, lantern_k=4, draft_coupling="gumbel"),
         "vvs-interval-3": dict(mode="vvs", window=6, lantern_k=4, skip_interval=3),
-        "sjd-uniform-skips": dict(mode="sjd", window=6, schedule="uniform")}
+        "sjd-uniform-skips": dict(mode="sjd", window=6, schedule="uniform"),
+        "vvs-proactive": dict(mode="vvs", window=6, lantern_k=4, proactive=2),
+        "lantern-rows": dict(mode="lantern", window=6, lantern_k=4, rows=2, row_lead=3)}
 CHEAP = ["embedded", "llamagen-c2i", "llamagen-t2i", "janus", "lumina", "emu3"]  # anole, liquid: 1025, 1024 positions
 OTHERS = [("anole", "sjd"), ("liquid", "lantern"), ("lumina2", "sjd"), ("lumina2", "gsd-independent"),
-          ("simplear", "sjd"), ("simplear", "lantern"), ("emu3.5", "sjd"), ("emu3.5", "gsd"),
+          ("simplear", "sjd"), ("simplear", "lantern"), ("simplear", "sjd-proactive"), ("simplear", "sjd-rows"), ("emu3.5", "sjd"), ("emu3.5", "gsd"),
           ("glm-image", "sjd"), ("glm-image", "sjd-independent"), ("emu3.5", "vvs")] + [
           (f, m) for f in ("embedded", "llamagen-t2i") for m in MORE]
 
@@ -125,8 +129,6 @@ def test_at_batch_one_the_host_reads_far_less_than_once_a_step(families, monkeyp
 
 @pytest.mark.parametrize("config,why", [
     (dict(mode="vvs", window=6, schedule="similarity"), "'similarity' schedule decides its skips on the host"),
-    (dict(mode="sjd", window=6, proactive=3), "proactive and row-parallel drafts"),
-    (dict(mode="sjd", window=6, rows=3, row_lead=2), "proactive and row-parallel drafts"),
 ])
 def test_what_needs_the_host_is_named_and_runs_there_on_auto(families, config, why):
     ad = families["embedded"].adapter
@@ -188,7 +190,8 @@ def enumerable():
 
 
 @pytest.mark.parametrize("config", [dict(mode="sjd", window=3), dict(mode="sjd", window=3, draft_coupling="none"),
-                                    dict(mode="sjd", window=3, draft_coupling="gumbel")])
+                                    dict(mode="sjd", window=3, draft_coupling="gumbel"),
+                                    dict(mode="sjd", window=3, proactive=2)])
 def test_the_step_on_the_device_samples_the_exact_joint(enumerable, config):
     settings = dict(cfg_scale=2.0, top_k=2, **config)
     exact = exact_joint(enumerable, settings)
@@ -215,7 +218,7 @@ HOST_READ = (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError,
 
 @pytest.mark.parametrize("family,mode", [("embedded", "sjd"), ("embedded", "gsd"), ("embedded", "lantern"),
                                          ("embedded", "sjd-independent"), ("embedded", "sjd-gumbel"), ("embedded", "vvs"),
-                                         ("janus", "sjd")])
+                                         ("embedded", "sjd-proactive"), ("embedded", "sjd-rows"), ("janus", "sjd")])
 def test_the_whole_step_compiles_as_one_graph(families, family, mode, monkeypatch):
     """``torch.compile(fullgraph=True)`` of one verify step, the forward on the static path
     included: acceptance, commit, redraw, rollback and new drafts, no graph break (a host read

@@ -28,18 +28,22 @@ def both(adapter, config, conditions, seeds, device_step=False, events=None):
     leaving = SpeculativeDecoder(adapter, config, device_step=device_step)
     assert leaving.leaves
     widths = []
-    forward = type(adapter).forward
+    forward, tree = type(adapter).forward, getattr(type(adapter), "forward_tree", None)
 
-    def counted(self, tokens):
+    def counted(self, tokens, *rest):
         widths.append(tokens.shape[0])
-        return forward(self, tokens)
+        return (forward if not rest else tree)(self, tokens, *rest)
 
     first = riding.generate(conditions, seeds=seeds)
     type(adapter).forward = counted
+    if tree is not None:  # (proactive drafts score a tree beside the window)
+        type(adapter).forward_tree = counted
     try:
         second = leaving.generate(conditions, seeds=seeds, callback=events.append if events is not None else None)
     finally:
         type(adapter).forward = forward
+        if tree is not None:
+            type(adapter).forward_tree = tree
     return first, second, widths
 
 
@@ -54,7 +58,8 @@ def same(first, second):
 @pytest.mark.parametrize("config", [dict(mode="sjd", window=6), dict(mode="gsd", window=6),
                                     dict(mode="lantern", window=6, lantern_k=4),
                                     dict(mode="sjd", window=6, draft_coupling="none"),
-                                    dict(mode="sjd", window=6, draft_coupling="gumbel")])
+                                    dict(mode="sjd", window=6, draft_coupling="gumbel"),
+                                    dict(mode="sjd", window=6, proactive=3)])
 @pytest.mark.parametrize("device_step", [False, True])
 def test_images_that_leave_are_the_images_that_rode_along(model, config, device_step):
     events = []
@@ -91,7 +96,8 @@ def test_what_keeps_its_own_per_image_state_rides_along(model):
 
     ad = model.adapter
     assert not SpeculativeDecoder(ad, DecodeConfig(mode="vvs", window=6)).leaves  # the batch skips together
-    assert not SpeculativeDecoder(ad, DecodeConfig(mode="sjd", window=6, proactive=3)).leaves
+    # row-parallel drafts' fixed tokens: the report reads them for the whole batch
+    assert not SpeculativeDecoder(ad, DecodeConfig(mode="sjd", window=6, rows=3, row_lead=2)).leaves
     assert not SpeculativeDecoder(ad, DecodeConfig(mode="ar")).leaves  # every image ends at the same step
     assert not SpeculativeDecoder(ad, DecodeConfig(mode="sjd", depth=3), drafter=load_drafter("embedded", model)).leaves
 
