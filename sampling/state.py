@@ -263,6 +263,8 @@ class DecodeState:
         if block is None or not block.covers(self.step, stream, lanes, upto):
             # wide enough for the block's steps: each caches at most a window, and drafts reach a horizon past it
             width = max(u - c for u, c in zip(upto, self.host_cached)) + self.BLOCK_STEPS * (self.drafts + 2)
+            # (no position past the stream is read: a short stream's block stops there)
+            width = min(width, max(max(upto), self.seq.shape[1]) - min(self.host_cached))
             block = self.block = rng.UniformBlock(self.keys, self.step, self.BLOCK_STEPS, list(self.host_cached),
                                                   width, self.BLOCK_LANES)
         if first is not None:

@@ -1,8 +1,6 @@
 """Test doubles of model adapters."""
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from spec_ar.sampling import ImageAdapter, TokenLayout
@@ -85,11 +83,12 @@ class TabularAdapter(ImageAdapter):
         return torch.cat(out, 2)
 
     def keep_tree(self, nodes, counts):
-        start = self.tree_start
-        for b, c in enumerate(counts):
-            for j in range(c):
-                self.hist[b, start[b] + j] = self.tree_tokens[b, nodes[b, j]]
-        self.lengths = start + torch.tensor(counts)
+        start, counts = self.tree_start, torch.as_tensor(counts)
+        j = torch.arange(nodes.shape[1])
+        kept = j < counts.unsqueeze(1)  # node j of the path stays at start + j (the others go to the dump column)
+        self.hist.scatter_(1, torch.where(kept, start.unsqueeze(1) + j, self.hist.shape[1] - 1),
+                           self.tree_tokens.gather(1, nodes))
+        self.lengths = start + counts
 
     def _logits(self, target):
         t = target.clamp(max=self.length)
@@ -123,17 +122,25 @@ class TabularAdapter(ImageAdapter):
         return torch.softmax(z, 0)
 
     def joint(self, cls: int, cfg: float, top_k: int | None, temperature: float = 1.0) -> dict[tuple, float]:
-        """Probability of every complete stream."""
-        out = {}
-        for seq in itertools.product(range(self.vocab_size), repeat=self.length):
-            prob = 1.0
-            for t in range(self.length):
-                prob *= float(self.conditional(list(seq[:t]), cls, cfg, top_k, temperature)[seq[t]])
-                if prob == 0.0:
-                    break
-            if prob > 0:
-                out[seq] = prob
-        return out
+        """Probability of every complete stream (each prefix's conditional computed once, depth
+        first; the tables never change, so each setting's joint is kept)."""
+        kept = self.__dict__.setdefault("joints", {})
+        key = (cls, cfg, top_k, temperature)
+        if key not in kept:
+            out = {}
+
+            def extend(prefix: list[int], prob: float):
+                if len(prefix) == self.length:
+                    out[tuple(prefix)] = prob
+                    return
+                row = self.conditional(prefix, cls, cfg, top_k, temperature).tolist()
+                for token, p in enumerate(row):
+                    if prob * p > 0:
+                        extend(prefix + [token], prob * p)
+
+            extend([], 1.0)
+            kept[key] = out
+        return dict(kept[key])
 
 
 class FeaturedTabularAdapter(TabularAdapter):
