@@ -24,8 +24,10 @@ COMFY_REQS := torch torchvision torchsde "numpy>=1.25" einops "transformers>=4.5
 demo: $(STAMP)
 	$(BIN)/spec-ar demo --out out/demo
 
-# two workers, a file's tests on one (tests/conftest.py: one thread each, the longest files first)
-test: $(STAMP) comfyui
+# two workers, a file's tests on one (tests/conftest.py: one thread each, the longest files first);
+# the environments are made side by side (pip unpacks on one core: three of them fill two)
+test:
+	$(MAKE) -j3 $(STAMP) comfyui
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 comfyui: $(COMFY)/ComfyUI/main.py $(COMFY)/venv/.installed $(COMFY)/venv/.frontend \
