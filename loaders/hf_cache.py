@@ -72,9 +72,6 @@ class StaticCache:
         self.kv, self.argument = kv, argument
         self.view = _kv_view(kv)
         self._added = 0
-        #: the rows' lengths before the last tree forward (set by the adapter's forward_tree after it,
-        #: outside what a captured graph replays)
-        self.tree_start: list[int] = []
 
     @property
     def valid(self) -> list[int]:
@@ -112,7 +109,7 @@ class StaticCache:
             self.kv.advance([-k for k in n])
 
     def keep_tree(self, nodes: torch.Tensor, counts: list[int] | torch.Tensor):
-        self.kv.keep(self.tree_start, nodes, counts)
+        self.kv.keep(nodes, counts)
 
     def keep_rows(self, rows: list[int]):
         """Only ``rows`` stay (images leaving the batch)."""
@@ -223,8 +220,6 @@ class TransformersAdapter(ImageAdapter):
             logits, features = static_forward(self, self.cache.kv, self._static_tree, tokens, parents, graph)
             if self.keep_features:
                 self.features = features.clone()
-        # where the rows stood before it (read after it: the forward may have read exact lengths on the host)
-        self.cache.tree_start = [n - tokens.shape[1] for n in self.cache.kv.host_length]
         if self.repeats is not None:
             if within is None:
                 within = ancestors(parents) if graph is None else graph[0]

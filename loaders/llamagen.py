@@ -396,8 +396,6 @@ class LlamaGenAdapter(ImageAdapter):
         else:
             logits, features = static_forward(self, self.cache, self._static_tree, tokens, parents, graph)
             features = features.clone()
-        # where the rows stood before it (read after it: the forward may have read exact lengths on the host)
-        self._tree_start = [n - tokens.shape[1] for n in self.cache.host_length]
         if self.keep_features:
             self.features = features
         return logits
@@ -414,7 +412,7 @@ class LlamaGenAdapter(ImageAdapter):
     def keep_tree(self, nodes, counts):
         branches = len(self.cache.host_length) // len(counts)
         counts = counts.repeat(branches) if isinstance(counts, torch.Tensor) else list(counts) * branches
-        self.cache.keep(self._tree_start, nodes.repeat(branches, 1), counts)
+        self.cache.keep(nodes.repeat(branches, 1), counts)
 
     def cache_lengths(self):
         return self.cache.length[: self.batch] - self.spec.cond_tokens

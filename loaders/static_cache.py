@@ -181,6 +181,7 @@ class StaticKV:
         self.row_index = torch.arange(rows, device=device).unsqueeze(1)  # [rows, 1]: where write puts entries
         self.pos = None
         self.keys = 0
+        self.added = 0  # positions the last forward added to every row (advance)
         self.bounded = False  # host_length holds upper bounds, host_floor lower ones (rollback_on_device)
         self.departed = 0  # the longest row that left (keep_rows)
         self.host_floor = self.host_length
@@ -262,26 +263,22 @@ class StaticKV:
         mask = torch.where(idx >= s, in_tree, mask.squeeze(1))
         return start.unsqueeze(1) + depth - self.offset.unsqueeze(1), mask.unsqueeze(1)
 
-    def keep(self, start: list[int], nodes: torch.Tensor, counts: list[int] | torch.Tensor):
-        """After a tree forward from ``start[row]``: keep nodes ``nodes[row, :counts[row]]``
-        (a root-to-node path, in order) at ``start .. start + count`` and drop the rest.
-        ``counts`` may be a device tensor the host has not read (the engine's step on the
-        device): each row then starts where its length stood before the forward, and
-        ``host_length`` stays an upper bound, as after :meth:`rollback_on_device`."""
-        on_device = isinstance(counts, torch.Tensor)
-        if on_device:  # every row took as many nodes: the host's start and length differ by them
-            base = (self.length - (self.host_length[0] - start[0])).view(-1, 1)
-        else:
-            base = torch.tensor(start, device=self.length.device).view(-1, 1)
+    def keep(self, nodes: torch.Tensor, counts: list[int] | torch.Tensor):
+        """After a tree forward (the last :meth:`advance`, which gave every row its nodes): keep
+        nodes ``nodes[row, :counts[row]]`` (a root-to-node path, in order) where the row stood
+        before it, and drop the rest.  ``counts`` may be a device tensor the host has not read
+        (the engine's step on the device): ``host_length`` then stays an upper bound, as after
+        :meth:`rollback_on_device`."""
+        base = (self.length - self.added).unsqueeze(1)  # each row's length before the forward
         src, dst = base + nodes, base + torch.arange(nodes.shape[1], device=base.device)
         for buf in (self.K, self.V):  # every layer at once, by (row, position) as in write
             by_position = buf.transpose(2, 3)  # [layers, rows, capacity, heads, head_dim]
             by_position[:, self.row_index, dst] = by_position[:, self.row_index, src]
-        if on_device:
+        if isinstance(counts, torch.Tensor):
             self.length.copy_(base.view(-1) + counts)
             self.bounded = True
             return
-        self.host_length = [a + c for a, c in zip(start, counts)]
+        self.host_length = [n - self.added + c for n, c in zip(self.host_length, counts)]
         self.length.copy_(torch.tensor(self.host_length, device=self.length.device))
 
     def keep_rows(self, rows: list[int]) -> None:
@@ -315,7 +312,9 @@ class StaticKV:
         return keys[:, :, : self.keys], values[:, :, : self.keys]
 
     def advance(self, n: list[int]):
-        """Add ``n[row]`` positions (negative: roll back)."""
+        """Add ``n[row]`` positions (negative: roll back); a forward adds as many to every row
+        (``added``: what :meth:`keep` takes back to find where a tree forward started)."""
+        self.added = n[0]
         self.host_length = [a + b for a, b in zip(self.host_length, n)]
         self.length += torch.tensor(n, device=self.length.device)
 

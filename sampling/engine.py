@@ -678,40 +678,33 @@ class SpeculativeDecoder:
             st.verified += committed_before < T
         st.verified_since_skip += 1
 
+        plan = self.schedule.plan(st)  # (a uniform skip is due by the host's count; on the device its lengths stay)
         if st.device_step:  # the first bad row stays on the device until the host reads (_read)
             first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
             newly = (st.bad_step < 0) & (first_bad >= 0)
             st.bad_pos = torch.where(newly, base + first_bad + 1, st.bad_pos)
             st.bad_step = torch.where(newly, st.step, st.bad_step)
-            if nodes is not None or self.rows:  # the window rows that stand (or the walk's path) stay
-                ad.keep_tree(window.expand(B, L) if nodes is None else nodes, keep)
-            else:
-                ad.rollback(L - keep)
-            plan = self.schedule.plan(st)  # (a uniform skip is due by the host's count; its lengths stay here)
-            self._extend(st)
-            if self.rows:
-                settle_rows(st, lower)
-            return None if plan is None else (plan, None)
-        plan = self.schedule.plan(st)
-        sync = torch.stack([st.n_cached, st.n_committed, L - keep, bad.sum(1)]  # (one dtype: no promotion)
-                           + ([plan] if plan is not None else [])).tolist()
-        if any(sync[3]):  # (where, read only now: the rows' totals are read with the lengths)
-            raise_if_nonfinite(sync[3], st.step, [c + j + 1 for c, j in zip(st.host_cached,
-                                                                            bad.int().argmax(1).tolist())])
-        st.host_cached, st.host_committed = sync[0], sync[1]
-        del sync[3]
+            dropped, kept, plan = L - keep, keep, (None if plan is None else (plan, None))
+        else:
+            sync = torch.stack([st.n_cached, st.n_committed, L - keep, bad.sum(1)]  # (one dtype: no promotion)
+                               + ([plan] if plan is not None else [])).tolist()
+            if any(sync[3]):  # (where, read only now: the rows' totals are read with the lengths)
+                raise_if_nonfinite(sync[3], st.step, [c + j + 1 for c, j in zip(st.host_cached,
+                                                                                bad.int().argmax(1).tolist())])
+            st.host_cached, st.host_committed = sync[0], sync[1]
+            dropped, kept = sync[2], [L - n for n in sync[2]]
+            # a skip is taken unless a sample dissents (one with nothing to commit abstains)
+            plan = (plan, sync[4]) if plan is not None and min(sync[4]) >= 0 else None
         if nodes is None and self.rows:  # the window rows that stand stay, the rows' chains leave
-            ad.keep_tree(window.expand(B, L), [L - n for n in sync[2]])
-        elif nodes is None:
-            ad.rollback(sync[2])  # the rejected rows leave the cache
+            nodes = window.expand(B, L)
+        if nodes is None:
+            ad.rollback(dropped)  # the rejected rows leave the cache (a device tensor on the device)
         else:  # the window rows that stand (or the walk's path) stay, the tree's other nodes leave
-            ad.keep_tree(nodes, [L - n for n in sync[2]])
+            ad.keep_tree(nodes, kept)
         self._extend(st)
         if self.rows:  # the lower rows' draws and drafts (after the window's: see settle_rows)
             settle_rows(st, lower)
-        if plan is not None and min(sync[3]) >= 0:  # no sample dissents (one with nothing to commit abstains)
-            return plan, sync[3]
-        return None
+        return plan
 
     def _tree_step(self, st: DecodeState, timer: "Timer"):
         """A step on a draft tree (``tree.py``) from the committed prefix: VVS's
