@@ -212,9 +212,11 @@ class DraftHead(nn.Module):
 
     @torch.no_grad()
     def step(self, tokens, features, cache: KVCache) -> torch.Tensor:
-        """Append ``L`` inputs per row to ``cache``; their predicted features."""
+        """Append ``L`` inputs per row to ``cache``; their predicted features.  Attention reads
+        every entry of the cache (those past a row's length masked): the same keys whether
+        the host knows the rows' lengths or the engine's step rolled them back on the device."""
         L = tokens.shape[1]
-        pos, mask = cache.begin(L)
+        pos, mask = cache.begin(L, cache.capacity)
         out = self(tokens, features, self._rope[pos], cache, mask)
         cache.advance([L] * len(cache.host_length))
         return out
@@ -245,7 +247,7 @@ class DraftHead(nn.Module):
         ``[rows, N]`` their depths below the tree's first level, ``within``
         ``[rows, N, M]`` which of the tree's ``M`` nodes so far (from cache position
         ``start``) each one sees; their predicted features."""
-        pos, mask = cache.begin_tree(depth, within, start)
+        pos, mask = cache.begin_tree(depth, within, start, cache.capacity)
         out = self(tokens, features, self._rope[pos], cache, mask)
         cache.advance([tokens.shape[1]] * len(cache.host_length))
         return out

@@ -47,9 +47,12 @@ ended; a static KV cache reads them too where the bounds it keeps would read ano
 bucket of keys.  The tokens are the host step's; so one graph can hold the forward and
 the step (``tests/test_device_step.py`` compiles it with ``fullgraph=True``).  Proactive
 and row-parallel drafts score their trees beside the window there too: the adapter keeps
-the path that stands by device counts (``keep_tree``, as ``rollback``).  Draft models and
-heads (and their trees) and the similarity schedule (VVS-D) shape their work by lengths
-read on the host: they keep the host step (``device_step_blocker`` says why).  A uniform
+the path that stands by device counts (``keep_tree``, as ``rollback``).  A draft head
+(``drafts_on_device``) catches up at a fixed width and rolls its cache back by device
+tensors, for chains and trees (a tree's verify step: the one waiting token, then the
+tree).  Draft models, the similarity schedule (VVS-D) and skips of draft trees shape their
+work by lengths read on the host: they keep the host step (``device_step_blocker`` says
+why).  A uniform
 schedule's skip (VVS-U) is due by the step count: the skip commits on the device, and the
 forward after it runs as wide as the committed tokens can make it, its rows past the host
 step's width masked.
@@ -243,7 +246,7 @@ class SpeculativeDecoder:
         # (not under a skipping schedule: a batch skips together, and its window after a skip is the batch's;
         # nor with row-parallel drafts, whose fixed tokens the report reads for the whole batch)
         self.leaves = (bool(config.drafts) and host_bound is None and config.verify_schedule == "every"
-                       and not self.rows and getattr(adapter, "drops_samples", False))
+                       and not self.rows and drafter is None and getattr(adapter, "drops_samples", False))
 
     def _host_bound(self, drafter) -> str | None:
         """What in this configuration keeps state of its own per image and step, shaped by lengths
@@ -251,10 +254,12 @@ class SpeculativeDecoder:
         c = self.config
         if not c.drafts:
             return None  # plain AR reads nothing per step anyway
-        if drafter is not None:
+        if drafter is not None and not getattr(drafter, "drafts_on_device", False):
             return f"the {getattr(drafter, 'name', '') or 'draft model'} drafts from lengths read on the host"
         if c.verify_schedule not in ("every", "uniform"):  # (uniform skips are due by the step count)
             return f"the {c.verify_schedule!r} schedule decides its skips on the host"
+        if self.tree and c.verify_schedule != "every":
+            return "a skipping schedule decides on the host whether the batch commits a draft tree's path"
         return None
 
     def _steps_on_device(self, trial) -> bool:
@@ -385,7 +390,7 @@ class SpeculativeDecoder:
                     st.set_drafts(width)
             if st.device_step:  # the host reads every READ_EVERY steps, and every step once the batch
                 # could have ended (no forward is spent past it); the callback sees those
-                most = st.drafts + 1 + st.max_commit  # tokens a step can commit
+                most = max(st.drafts, self.tree_levels if self.tree else 0) + 1 + st.max_commit  # a step's most tokens
                 if st.step % READ_EVERY and min(st.host_committed) + (st.step - read) * most < T:
                     continue
                 self._read(st)
@@ -750,7 +755,8 @@ class SpeculativeDecoder:
         N = tokens.shape[1]
         base = st.n_cached
         waiting = st.n_committed - base  # >= 1
-        W = max(c - k for c, k in zip(st.host_committed, st.host_cached))
+        # (the step on the device verifies every step: one token waits, the last committed)
+        W = 1 if st.device_step else max(c - k for c, k in zip(st.host_committed, st.host_cached))
         chain = st.arange(W).unsqueeze(0)
         root = waiting - 1
         full_tok = torch.cat([st.seq.gather(1, (base.unsqueeze(1) + chain).clamp(max=st.seq.shape[1] - 1)), tokens], 1)
@@ -798,10 +804,16 @@ class SpeculativeDecoder:
             st.produced += committed - committed_before
             st.verified += committed_before < T
         st.verified_since_skip += 1
-        sync = torch.stack([st.n_cached, st.n_committed, keep, first_bad]).tolist()
-        raise_if_nonfinite([j >= 0 for j in sync[3]], st.step, [c + 1 for c in st.host_cached])
-        st.host_cached, st.host_committed = sync[0], sync[1]
-        ad.keep_tree(nodes, sync[2])  # the waiting chain and the accepted nodes stay, the rest leaves
+        if st.device_step:  # a bad row stays on the device until the host reads (_read)
+            newly = (st.bad_step < 0) & (first_bad >= 0)
+            st.bad_pos = torch.where(newly, base + 1, st.bad_pos)
+            st.bad_step = torch.where(newly, st.step, st.bad_step)
+            kept = keep
+        else:
+            sync = torch.stack([st.n_cached, st.n_committed, keep, first_bad]).tolist()
+            raise_if_nonfinite([j >= 0 for j in sync[3]], st.step, [c + 1 for c in st.host_cached])
+            st.host_cached, st.host_committed, kept = sync[0], sync[1], sync[2]
+        ad.keep_tree(nodes, kept)  # the waiting chain and the accepted nodes stay, the rest leaves
 
     @staticmethod
     def _coupled_draws(st, probs, slots, had, stays, x, u, dense=False):

@@ -49,6 +49,9 @@ class HeadDrafts:
     (``within``: each node's ancestors in the tree so far)."""
 
     redraw = "independent"  # drafts past a rejection are replaced, not redrawn
+    #: on the engine's step on the device it catches up at a fixed width and rolls its cache back by
+    #: device tensors (``_catch_up_on_device``): nothing it does reads the host
+    drafts_on_device = True
     #: it draws through the target's head and feeds the model's ids to its own embedding, so it
     #: follows a compact vocabulary (``compact.py``): the engine may wrap the target it checks
     follows_compact_vocabulary = True
@@ -92,6 +95,10 @@ class HeadDrafts:
         self.pipeline = build_pipeline(config, t.layout, t.guidance, t.device,
                                        scales=t.guidance_scales(config.cfg_scale))
         self.timer = timer
+        if config.tree in ("static", "sampled"):
+            from .tree import static_shape
+
+            self.shape = static_shape(config.tree_choices, config.tree_tokens, config.tree_top_k, config.depth)
         cond = t.features  # [R, B, C, H]
         R, B, C, H = cond.shape
         if H != self.head.spec.hidden:
@@ -120,8 +127,13 @@ class HeadDrafts:
             self.cache.key_ok[:, :C - 1] = mask[:, 1:].bool()
             with timer.model("drafter"):
                 self.head.step(ids[:, 1:], before, self.cache)
-        self.real = [0] * B  # image inputs in the head's cache whose features were the target's
-        self.spec_len = [0] * B  # speculative inputs after them
+        # image inputs in the head's cache whose features were the target's, and speculative inputs
+        # after them: host lists, or device tensors on the engine's step on the device
+        if st.device_step:
+            self.real = torch.zeros(B, dtype=torch.long, device=cond.device)
+            self.spec_len = torch.zeros_like(self.real)
+        else:
+            self.real, self.spec_len = [0] * B, [0] * B
 
     def finish(self) -> None:
         self.cache = self.features = None
@@ -137,18 +149,17 @@ class HeadDrafts:
         st.host_draft_end = [0] * st.batch  # the engine raises it to the committed length
 
     def extend(self, st: DecodeState, start: torch.Tensor, stop: torch.Tensor, width: int):
-        B, R, device = st.batch, self.rows, st.seq.device
-        committed = st.host_committed
+        B, R = st.batch, self.rows
         g = self._catch_up(st)
         # then chain: drafts already there (kept from before a skip) are fed as they are;
         # every later position gets a draft from the head's q
-        pos = torch.tensor(committed, device=device).unsqueeze(1)  # the position g predicts
+        pos = st.n_committed.unsqueeze(1)  # the position g predicts
         steps = st.horizon
         tok = None  # each step's drafted token, fed to the head in the next
         for j in range(steps):
             if j:
                 g = self._step(tok, g.reshape(R * B, 1, -1)).view(R, B, 1, -1)
-                self.spec_len = [n + 1 for n in self.spec_len]
+                self._add_spec(1)
             q = self._q(g, pos)  # [B, 1, V]
             drafting = pos >= start.unsqueeze(1)
             u = rng.uniform(st.keys, st.step, rng.DRAFT, pos)
@@ -177,21 +188,18 @@ class HeadDrafts:
         ``sampled``: the static shape, each node's children drawn from its parent's
         ``q`` without replacement (Gumbel top-k: rank ``r`` is the ``r``-th draw), so
         that acceptance can test them against ``q`` (``tree.accept_path``)."""
-        from .tree import static_shape
-
         B, R, device = st.batch, self.rows, st.seq.device
         K, D = config.tree_top_k, config.depth
         g = self._catch_up(st)  # [R, B, 1, H]: predicts position n
-        n = torch.tensor(st.host_committed, device=device).unsqueeze(1)
+        n = st.n_committed.unsqueeze(1)
         logq = torch.log(self._q(g, n)).squeeze(1)  # [B, V]
-        if config.tree in ("static", "sampled"):
-            shape = static_shape(config.tree_choices, config.tree_tokens, K, D)
-            return self._static(st, g, logq, shape, n, sampled=config.tree == "sampled")
+        if config.tree in ("static", "sampled"):  # (the shape read once a decode, in start)
+            return self._static(st, g, logq, self.shape, n, sampled=config.tree == "sampled")
         top = torch.topk(logq, K, dim=-1)
         tok, score, parent = [top.indices], [top.values], [torch.full((B, K), -1, device=device)]
         level = [torch.zeros(B, K, dtype=torch.long, device=device)]
         level_nodes = torch.arange(K, device=device).expand(B, K)  # indices of the last level's nodes
-        fed_feats, fed_par, start = None, None, torch.tensor(self.cache.host_length, device=device)
+        fed_feats, fed_par, start = None, None, self.cache.length.clone()  # where the tree's nodes begin
         for d in range(1, D):
             scores = torch.cat(score, 1)
             pick = level_nodes.gather(1, torch.topk(scores.gather(1, level_nodes), K, dim=-1).indices)  # [B, K]
@@ -214,7 +222,7 @@ class HeadDrafts:
             base = sum(t.shape[1] for t in tok[:-1])
             level_nodes = base + torch.arange(K * K, device=device).expand(B, K * K)
         return self._rerank(st, torch.cat(tok, 1), torch.cat(score, 1), torch.cat(parent, 1), torch.cat(level, 1), n,
-                            config.tree_tokens) + (None,)
+                            config.tree_tokens, D - 1) + (None,)
 
     # -- catching up ------------------------------------------------------------
     def _catch_up(self, st) -> torch.Tensor:
@@ -222,6 +230,8 @@ class HeadDrafts:
         speculatively): with the target's features where it has scored them, else
         with stale ones; its output for the last one, ``[R, B, 1, H]``, which
         predicts the first uncommitted position."""
+        if st.device_step:
+            return self._catch_up_on_device(st)
         B, R, device = st.batch, self.rows, st.seq.device
         committed, cached = st.host_committed, st.host_cached
         self._rollback(self.spec_len)
@@ -259,6 +269,37 @@ class HeadDrafts:
             g = torch.where(torch.tensor(gamma, device=device).view(1, B, 1, 1) > 0, stale_g, g)
         return g
 
+    def _catch_up_on_device(self, st) -> torch.Tensor:
+        """:meth:`_catch_up` with nothing read on the host: the inputs go in at the widest any
+        step can need (a verify window: every input it cached has a real feature now), the
+        rows past each sample's feed rolled back at once, as are the stale inputs' (as wide as
+        a skip can commit); the same inputs, so the same outputs, as the host's."""
+        B, R = st.batch, self.rows
+        committed, cached = st.n_committed, st.n_cached
+        self._rollback(self.spec_len)
+        last = torch.minimum(committed - 1, cached)
+        first = torch.minimum(self.real, last)
+        self._rollback(self.real - first)
+        feed = last + 1 - first
+        k = st.drafts + 1 + st.max_commit
+        cols = torch.minimum(first.unsqueeze(1) + st.arange(k), last.unsqueeze(1))  # padding repeats the last
+        out = self._step(st.seq.gather(1, cols), self.features[:, st.batch_idx, cols])
+        self._rollback(k - feed)
+        self.real = last + 1
+        g = out.view(R, B, k, -1)[:, st.batch_idx.view(-1), feed - 1].unsqueeze(2)
+        self.spec_len = torch.zeros_like(feed)
+        if not st.max_commit:  # nothing is committed unverified without skips
+            return g
+        gamma = committed - self.real
+        G = st.max_commit
+        cols = torch.minimum(self.real.unsqueeze(1) + st.arange(G), committed.unsqueeze(1) - 1)
+        stale = (cols - gamma.unsqueeze(1)).clamp(min=0)
+        out = self._step(st.seq.gather(1, cols), self.features[:, st.batch_idx, stale])
+        self._rollback(G - gamma)
+        self.spec_len = gamma
+        stale_g = out.view(R, B, G, -1)[:, st.batch_idx.view(-1), gamma.clamp(min=1) - 1].unsqueeze(2)
+        return torch.where(gamma.view(1, B, 1, 1) > 0, stale_g, g)
+
     # -- trees -------------------------------------------------------------------
     def after_tree(self, st: DecodeState, path: torch.Tensor, counts: torch.Tensor):
         """After a tree's verification: the target's features of the kept path (the
@@ -292,7 +333,7 @@ class HeadDrafts:
         if sampled:
             rows[:, 0] = logq.exp()
         order = ranked(logq.unsqueeze(1), [-1])[:, 0]  # the root's children by rank
-        fed_feats, fed_par, start = None, None, torch.tensor(self.cache.host_length, device=device)
+        fed_feats, fed_par, start = None, None, self.cache.length.clone()
         level_q = {-1: (order, logq)}  # parent node -> its ranked children and log q
         for d in range(max(depth_of) + 1):
             nodes = [i for i in range(N) if depth_of[i] == d]
@@ -321,9 +362,10 @@ class HeadDrafts:
             for j, i in enumerate(inner):
                 level_q[i] = (o[:, j], lq[:, j])
         parents = torch.tensor(parents_of, device=device).expand(B, N)
-        return self._finish(st, tok, parents, score, torch.tensor(depth_of, device=device).expand(B, N), n) + (rows,)
+        return self._finish(st, tok, parents, score, torch.tensor(depth_of, device=device).expand(B, N), n,
+                            max(depth_of)) + (rows,)
 
-    def _rerank(self, st, tok, score, parent, depth, n, budget):
+    def _rerank(self, st, tok, score, parent, depth, n, budget, deepest):
         """Keep the ``budget`` likeliest candidates (ancestors before descendants on
         ties), ordered by depth then likelihood, parents remapped."""
         B, M = tok.shape
@@ -336,14 +378,15 @@ class HeadDrafts:
         new_index.scatter_(1, keep, torch.arange(keep.shape[1], device=device).expand_as(keep))
         par = parent.gather(1, keep)
         parents = torch.where(par >= 0, new_index.gather(1, par.clamp(min=0)), -1)
-        return self._finish(st, tok.gather(1, keep), parents, score.gather(1, keep), depth.gather(1, keep), n)
+        return self._finish(st, tok.gather(1, keep), parents, score.gather(1, keep), depth.gather(1, keep), n, deepest)
 
-    def _finish(self, st, tok, parents, score, depth, n):
+    def _finish(self, st, tok, parents, score, depth, n, deepest: int):
         """The nodes that can stand: a finite draft probability, a parent that can,
-        and a position inside the image.  (The head's tree inputs are rolled back
-        when it next catches up.)"""
+        and a position inside the image (``deepest``: the shape's deepest level, known
+        without reading ``depth``).  (The head's tree inputs are rolled back when it
+        next catches up.)"""
         valid = torch.isfinite(score) & (n + depth < st.length)
-        for _ in range(int(depth.max()) + 1):  # a node under one that cannot stand cannot (parents come first)
+        for _ in range(deepest + 1):  # a node under one that cannot stand cannot (parents come first)
             valid &= torch.where(parents >= 0, valid.gather(1, parents.clamp(min=0)), True)
         return tok, parents, valid
 
@@ -401,7 +444,7 @@ class HeadDrafts:
         with self.timer.model("drafter"):
             out = self.head.step_tree(self.ids(tokens).repeat(R, 1), feats.reshape(R * B, k, -1), depth,
                                       within.repeat(R, 1, 1), start, self.cache)
-        self.spec_len = [m + k for m in self.spec_len]
+        self._add_spec(k)
         return out.view(R, B, k, -1)
 
     # -- helpers ---------------------------------------------------------------
@@ -413,6 +456,13 @@ class HeadDrafts:
                                   features.reshape(R * tokens.shape[0], tokens.shape[1], -1),
                                   self.cache)
 
+    def _add_spec(self, k: int):
+        self.spec_len = self.spec_len + k if isinstance(self.spec_len, torch.Tensor) else [
+            m + k for m in self.spec_len]
+
     def _rollback(self, n):
-        if any(n):
+        """Drop the last ``n[b]`` inputs of each sample's rows (a device tensor: on the device)."""
+        if isinstance(n, torch.Tensor):
+            self.cache.rollback_on_device(n.repeat(self.rows))
+        elif any(n):
             self.cache.advance([-m for m in n] * self.rows)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from spec_ar.loaders.detect import load_model
-from spec_ar.sampling import ConfigError, DecodeConfig, SpeculativeDecoder
+from spec_ar.sampling import ConfigError, DecodeConfig, HeadDrafts, SpeculativeDecoder
 from spec_ar.sampling import engine
 
 from .emu35_files import write_emu35
@@ -27,11 +27,11 @@ def families(tmp_path_factory):
             "glm-image": load_model(write_glm_image(d / "GLM-Image"), width=96, height=64)}
 
 
-def decode(model, config, device_step, path="eager", seeds=(4, 5), callback=None):
+def decode(model, config, device_step, path="eager", seeds=(4, 5), callback=None, drafter=None):
     ad = model.adapter
     ad.decode_path, ad.cache = path, None
     try:
-        decoder = SpeculativeDecoder(ad, config, device_step=device_step)
+        decoder = SpeculativeDecoder(ad, config, device_step=device_step, drafter=drafter)
         return decoder.generate(conditions(model)[: len(seeds)], seeds=list(seeds), callback=callback)
     finally:
         ad.decode_path, ad.cache = "eager", None
@@ -79,6 +79,60 @@ def test_the_step_on_the_device_gives_the_host_steps_tokens(families, family, mo
         assert [r.unverified_tokens for r in device.reports] == [r.unverified_tokens for r in host.reports]
         if family != "janus":  # (the tiny Janus's windows take its 16 tokens whole: nothing left to skip)
             assert any(r.unverified_tokens for r in host.reports)
+
+
+# -- draft heads --------------------------------------------------------------------------------
+#: chains (VVS: with its uniform skips, which the head reads through with stale features) and trees
+HEAD_MODES = {"sjd": dict(mode="sjd", depth=4), "lantern": dict(mode="lantern", depth=4, lantern_k=4),
+              "vvs": dict(mode="vvs", depth=4, lantern_k=4),
+              "dynamic": dict(mode="sjd", depth=3, tree="dynamic", tree_top_k=3, tree_tokens=8),
+              "static": dict(mode="sjd", depth=3, tree="static", tree_top_k=3, tree_tokens=7),
+              "sampled": dict(mode="gsd", depth=3, tree="sampled", tree_top_k=3, tree_tokens=7)}
+
+
+def random_head(adapter, seed=0):
+    """A draft head with random weights for ``adapter``'s features and ids (1D positions)."""
+    from spec_ar.loaders import draft_head
+
+    torch.manual_seed(seed)
+    H = adapter.feature_size
+    head = draft_head.DraftHead(draft_head.HeadSpec(hidden=H, heads=2, kv_heads=2, intermediate=2 * H, layers=1,
+                                                    vocab=adapter.vocab_size))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.5 / H ** 0.5)
+    return HeadDrafts(head.eval(), "random head")
+
+
+def same_tokens_with_a_head(model, config, drafter):
+    host = decode(model, config, device_step=False, drafter=drafter)
+    device = decode(model, config, device_step=True, drafter=drafter)
+    assert torch.equal(device.tokens, host.tokens)
+    assert [r.nfe for r in device.reports] == [r.nfe for r in host.reports]
+    assert [r.origins for r in device.reports] == [r.origins for r in host.reports]
+    return host
+
+
+@pytest.mark.parametrize("mode", ["sjd", "vvs", "dynamic"])
+def test_the_shipped_heads_drafts_on_the_device_give_the_host_steps_tokens(families, mode):
+    from spec_ar.loaders.detect import load_drafter
+
+    model = families["embedded"]
+    config = DecodeConfig(**HEAD_MODES[mode])
+    host = same_tokens_with_a_head(model, config, load_drafter("embedded", model))
+    counts = [r.origin_counts() for r in host.reports]
+    assert any(c["accepted draft"] for c in counts) and any(c["resampled after a rejection"] for c in counts)
+    if config.verify_schedule == "uniform":
+        assert all(c["committed without verification (VVS skip)"] for c in counts)
+
+
+@pytest.mark.parametrize("family,mode", [(f, m) for f in ("janus", "lumina", "emu3", "lumina2") for m in ("sjd", "dynamic")]
+                         + [("llamagen-c2i", "sjd"), ("llamagen-c2i", "lantern"), ("llamagen-c2i", "vvs"),
+                            ("emu3", "static"), ("janus", "sampled"), ("lumina", "lantern"), ("emu3", "vvs")])
+def test_a_heads_drafts_on_the_device_give_the_host_steps_tokens_on_every_family(families, family, mode):
+    model = families[family]
+    host = same_tokens_with_a_head(model, DecodeConfig(**HEAD_MODES[mode]), random_head(model.adapter))
+    assert any(r.nfe < r.tokens for r in host.reports)  # drafts were accepted
 
 
 @pytest.mark.parametrize("mode", ["sjd", "lantern"])
@@ -138,13 +192,17 @@ def test_what_needs_the_host_is_named_and_runs_there_on_auto(families, config, w
     assert decoder.device_step_blocker and not decoder._steps_on_device(None)
 
 
-def test_a_draft_model_is_named_too(families):
+def test_a_draft_model_and_a_skipped_tree_are_named_too(families):
     from spec_ar.loaders.detect import load_drafter
 
     model = families["embedded"]
     with pytest.raises(ConfigError, match="the step cannot stay on the device: the .* drafts from lengths read"):
-        SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3), drafter=load_drafter("embedded", model),
-                           device_step=True)
+        SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3),
+                           drafter=load_drafter("embedded-sibling", model), device_step=True)
+    with pytest.raises(ConfigError, match="the step cannot stay on the device: a skipping schedule decides on the "
+                                          "host whether the batch commits a draft tree's path"):
+        SpeculativeDecoder(model.adapter, DecodeConfig(mode="vvs", depth=3, tree="dynamic"),
+                           drafter=load_drafter("embedded", model), device_step=True)
 
 
 def test_on_auto_the_step_stays_on_the_device_on_cuda_only(families):
@@ -202,12 +260,29 @@ def test_the_step_on_the_device_samples_the_exact_joint(enumerable, config):
     assert pvalue > 1e-4
 
 
+@pytest.mark.parametrize("tree", ["chain", "dynamic", "sampled"])
+def test_draft_head_drafts_on_the_device_sample_the_exact_joint(enumerable, tree):
+    from .test_head_drafts import tabular_head
+
+    settings = dict(cfg_scale=2.0, top_k=2, mode="sjd")
+    exact = exact_joint(enumerable, settings)
+    shape = {} if tree == "chain" else dict(tree=tree, tree_top_k=2, tree_tokens=4)
+    decoder = SpeculativeDecoder(enumerable, DecodeConfig(**settings, depth=2, **shape), device_step=True,
+                                 drafter=HeadDrafts(tabular_head(1, width=16, vocab=3)))
+    result = [decoder.generate([1] * 1000, seeds=b * 1000) for b in range(12)]
+    pvalue, impossible = chi_square(exact, torch.cat([r.tokens for r in result]))
+    assert impossible == 0
+    assert pvalue > 1e-4
+    counts = [r.origin_counts() for part in result for r in part.reports]
+    assert sum(c["accepted draft"] for c in counts) and sum(c["resampled after a rejection"] for c in counts)
+
+
 # -- one graph ----------------------------------------------------------------------------------
 class Untimed:
     """The report's timer is host instrumentation around the forward, outside what a graph
     captures: the compiled step runs without it."""
 
-    def model(self):
+    def model(self, kind="target"):
         return contextlib.nullcontext()
 
 
@@ -248,3 +323,40 @@ def test_the_whole_step_compiles_as_one_graph(families, family, mode, monkeypatc
     assert ran == [True, False]
     monkeypatch.setattr(engine.SpeculativeDecoder, "_verify", original)
     assert torch.equal(stepped.tokens, decode(model, config, device_step=False, path="static").tokens)
+
+
+@pytest.mark.parametrize("mode,step", [("vvs", "_verify"), ("dynamic", "_tree_step"), ("static", "_tree_step")])
+def test_the_whole_step_with_a_draft_head_compiles_as_one_graph(families, mode, step, monkeypatch):
+    """The same with a draft head: the step, the head catching up and drafting (a chain, after the
+    verify; a tree, before it) and its cache's rollback, one graph; the host step's read breaks it."""
+    from spec_ar.loaders.detect import load_drafter
+
+    model = families["embedded"]
+    config = DecodeConfig(**HEAD_MODES[mode])
+    drafter = load_drafter("embedded", model)
+    original = getattr(engine.SpeculativeDecoder, step)
+    compiled = torch.compile(original, fullgraph=True, backend="eager")
+    ran = []
+
+    def run(self, st, timer):
+        if st.step == 3:
+            ran.append(st.device_step)
+            kept, self.drafter.timer = self.drafter.timer, Untimed()
+            try:
+                return compiled(self, st, Untimed())
+            finally:
+                self.drafter.timer = kept
+        return original(self, st, timer)
+
+    monkeypatch.setattr(engine.SpeculativeDecoder, step, run)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            stepped = decode(model, config, device_step=True, path="static", drafter=drafter)
+            with pytest.raises(HOST_READ):
+                decode(model, config, device_step=False, path="static", drafter=drafter)
+    finally:
+        torch._dynamo.reset()
+    assert ran == [True, False]
+    monkeypatch.setattr(engine.SpeculativeDecoder, step, original)
+    assert torch.equal(stepped.tokens, decode(model, config, device_step=False, path="static", drafter=drafter).tokens)
