@@ -102,9 +102,9 @@ class StaticCache:
     def commit(self):
         self.kv.advance([self._added] * self.kv.rows)
 
-    def rollback(self, n: list[int]):
+    def rollback(self, n: list[int], most: int | None = None):
         if isinstance(n, torch.Tensor):
-            self.kv.rollback_on_device(n)
+            self.kv.rollback_on_device(n, most)
         elif any(n):
             self.kv.advance([-k for k in n])
 
@@ -318,10 +318,10 @@ class TransformersAdapter(ImageAdapter):
 
     rolls_back_on_device = True
 
-    def rollback(self, n):
+    def rollback(self, n, most=None):
         reps = len(self.cache.valid) // len(n)  # the same for every branch
         on_device = isinstance(n, torch.Tensor)
-        self.cache.rollback(n.repeat(reps) if on_device else list(n) * reps)
+        self.cache.rollback(n.repeat(reps) if on_device else list(n) * reps, most)
         if self.repeats is not None:
             self.repeats.rollback(n if on_device else list(n))
 

@@ -365,10 +365,10 @@ class LlamaGenAdapter(ImageAdapter):
 
     rolls_back_on_device = True
 
-    def rollback(self, n):
+    def rollback(self, n, most=None):
         branches = len(self.cache.host_length) // len(n)
         if isinstance(n, torch.Tensor):
-            self.cache.rollback_on_device(n.repeat(branches))
+            self.cache.rollback_on_device(n.repeat(branches), most)
         else:
             self.cache.advance([-k for k in n] * branches)
 

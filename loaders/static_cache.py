@@ -218,12 +218,15 @@ class StaticKV:
     def _bucket(self, n: int) -> int:
         return -(-n // self.bucket) * self.bucket
 
-    def rollback_on_device(self, n: torch.Tensor) -> None:
+    def rollback_on_device(self, n: torch.Tensor, most: int | None = None) -> None:
         """Drop the last ``n[row]`` entries of each row, ``n`` a device tensor the host has
         not read.  ``host_length`` becomes an upper bound of each row's length (it keeps
         what the forwards added) and ``host_floor`` a lower one (the exact lengths before
-        the first such forward: a verify step never shrinks a row) until :meth:`sync_host`."""
+        the first such forward: a verify step never shrinks a row; a draft model's rows may
+        shrink, by at most ``most`` a rollback) until :meth:`sync_host`."""
         self.length -= n
+        if most:
+            self.host_floor = [max(0, f - most) for f in self.host_floor]
         self.bounded = True
 
     def sync_host(self) -> None:

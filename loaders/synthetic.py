@@ -85,7 +85,7 @@ class SyntheticAdapter(ImageAdapter):
         idx = torch.tensor(keep, device=self.device)
         self.cond, self.hist, self.lengths = self.cond[:, idx], self.hist[idx], self.lengths[idx]
 
-    def rollback(self, n):
+    def rollback(self, n, most=None):
         self.lengths -= n if isinstance(n, torch.Tensor) else torch.tensor(n, device=self.device)
 
     def cache_lengths(self):

@@ -127,12 +127,14 @@ class ImageAdapter:
         """Logits ``[K, B, L, vocab]`` for a window ``tokens`` of shape ``[B, L]``."""
         raise NotImplementedError
 
-    def rollback(self, n: list[int]) -> None:
+    def rollback(self, n: list[int], most: int | None = None) -> None:
         """Drop the last ``n[b]`` cached positions of sample ``b`` (``n[b] >= 0``).
         Host integers: the engine calls this right after its per-step
         synchronisation, so adapters may use them freely (e.g. to crop a cache).
         An adapter that sets ``rolls_back_on_device`` also takes ``n`` as an int64
-        ``[B]`` tensor the host has not read (the engine's step on the device)."""
+        ``[B]`` tensor the host has not read (the engine's step on the device); ``most``
+        then bounds its entries where a row may end shorter than the host last knew it
+        (a draft model drops its drafts; a verify step never shrinks a row)."""
         raise NotImplementedError
 
     #: ``rollback`` takes a device tensor too: the engine may keep its step on the device

@@ -47,12 +47,13 @@ ended; a static KV cache reads them too where the bounds it keeps would read ano
 bucket of keys.  The tokens are the host step's; so one graph can hold the forward and
 the step (``tests/test_device_step.py`` compiles it with ``fullgraph=True``).  Proactive
 and row-parallel drafts score their trees beside the window there too: the adapter keeps
-the path that stands by device counts (``keep_tree``, as ``rollback``).  A draft head
-(``drafts_on_device``) catches up at a fixed width and rolls its cache back by device
-tensors, for chains and trees (a tree's verify step: the one waiting token, then the
-tree).  Draft models, the similarity schedule (VVS-D) and skips of draft trees shape their
-work by lengths read on the host: they keep the host step (``device_step_blocker`` says
-why).  A uniform
+the path that stands by device counts (``keep_tree``, as ``rollback``).  A draft head or draft
+model (``drafts_on_device``) catches up at a fixed width and rolls its cache back by device
+tensors, for chains and a head's trees (a tree's verify step: the one waiting token, then
+the tree); the host's reads make their caches' lengths exact too.  A draft model whose
+adapter rolls back on the host only, the similarity schedule (VVS-D) and skips of draft
+trees shape their work by lengths read on the host: they keep the host step
+(``device_step_blocker`` says why).  A uniform
 schedule's skip (VVS-U) is due by the step count: the skip commits on the device, and the
 forward after it runs as wide as the committed tokens can make it, its rows past the host
 step's width masked.
@@ -435,6 +436,8 @@ class SpeculativeDecoder:
             raise NonFiniteError(step, b, bad_pos[b])
         st.host_cached, st.host_committed = cached, committed
         self.adapter.sync_lengths()
+        if hasattr(self.drafter, "sync_lengths"):
+            self.drafter.sync_lengths()
 
     def to_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         """The model's ids of the engine's tokens (they differ under a compact vocabulary)."""

@@ -18,6 +18,11 @@ when a pass accepts every draft it has two tokens to catch up on (that draft
 and the new one), otherwise one; the catch-up forward is padded to the longest
 feed of the batch and the padding rolled back at once.
 
+On the engine's step on the device (where the drafter's adapter rolls back on the device)
+nothing is read on the host: the catch-up goes in two tokens wide (the most it can need),
+and the drafter drafts as far as the horizon for every sample, those past a sample's stop
+masked (so near the image's end it spends forwards the host step does not).
+
 Random numbers: draft ``t`` of sample ``b`` uses ``rng.uniform(keys, step,
 DRAFT, t)``, so an image's drafts do not depend on its batch.
 
@@ -46,6 +51,8 @@ class ModelDrafts:
 
     def __init__(self, adapter: ImageAdapter, name: str = "draft model"):
         self.adapter, self.name = adapter, name
+        #: it drafts on the engine's step on the device where its adapter rolls back there
+        self.drafts_on_device = getattr(adapter, "rolls_back_on_device", False)
         self.running = adapter  # what drafts run on: ``adapter``, or it behind the target's compact vocabulary
         self.timer = None
 
@@ -80,7 +87,12 @@ class ModelDrafts:
         self.timer = timer
         with timer.model("drafter"):
             ad.prefill(conditions, negatives, guided)
-        self.cached = [0] * st.batch  # stream positions in the drafter's cache, per sample
+        # stream positions in the drafter's cache, per sample (a device tensor on the step on the device)
+        self.cached = torch.zeros_like(st.n_committed) if st.device_step else [0] * st.batch
+
+    def sync_lengths(self) -> None:
+        """The engine read its lengths: the drafter's cache may read its own too."""
+        self.running.sync_lengths()
 
     def finish(self) -> None:
         self.running.release()
@@ -92,7 +104,9 @@ class ModelDrafts:
         st.host_draft_end = [0] * st.batch  # the engine raises it to the committed length
 
     def extend(self, st: DecodeState, start: torch.Tensor, stop: torch.Tensor, width: int):
-        B = st.batch
+        if st.device_step:
+            logits = self._catch_up_on_device(st, start)
+            return self._draft(st, logits, start, stop, width)
         first = st.host_draft_end  # == start on the host (the engine just set both)
         # roll the cache back to the position before the first draft, then feed it
         # (and any committed tokens the drafter has not seen) for the first draft's q
@@ -106,11 +120,32 @@ class ModelDrafts:
         logits = logits[:, st.batch_idx.squeeze(1), last].unsqueeze(2)  # each sample's last fed row
         self.cached = [c + k for c in self.cached]
         self._rollback([k - n for n in feed])
+        self._draft(st, logits, start, stop, width)
+
+    def _catch_up_on_device(self, st: DecodeState, start: torch.Tensor) -> torch.Tensor:
+        """The catch-up with nothing read on the host: roll back to the position before the
+        first draft, feed two tokens (the most a step leaves to catch up on: a pass that took
+        every draft), roll the padding back; the logits of each sample's last fed token."""
+        back = (self.cached - (start - 1)).clamp(min=0)
+        # (a rollback takes at most the drafts of a horizon and the two catch-up tokens)
+        self._rollback(back, most=2 * st.horizon + 2)
+        feed = start - self.cached  # 1 or 2
+        cols = (self.cached.unsqueeze(1) + st.arange(2)).clamp(max=st.seq.shape[1] - 1)
+        logits = self._forward(st.seq.gather(1, cols))  # [K, B, 2, V]
+        self.cached = self.cached + 2
+        self._rollback(2 - feed, most=1)
+        return logits[:, st.batch_idx.view(-1), feed - 1].unsqueeze(2)
+
+    def _draft(self, st: DecodeState, logits, start, stop, width: int):
+        """``width`` drafts from each sample's ``start``, each fed for the next one's logits;
+        those at or past its ``stop`` are not kept."""
+        B = st.batch
         pos, tok = start.unsqueeze(1), None
         for d in range(width):
             if tok is not None:  # feed the previous draft for the next one's logits
                 logits = self._forward(tok)
-                self.cached = [c + 1 for c in self.cached]
+                self.cached = self.cached + 1 if isinstance(self.cached, torch.Tensor) else [
+                    c + 1 for c in self.cached]
             q = self.pipeline(logits, pos)  # [B, 1, V]
             u = rng.uniform(st.keys, st.step, rng.DRAFT, pos)
             tok = rng.categorical(q, u.unsqueeze(-1)).view(B, 1)
@@ -125,7 +160,10 @@ class ModelDrafts:
         with self.timer.model("drafter"):
             return self.running.forward(tokens)
 
-    def _rollback(self, n):
-        if any(n):
+    def _rollback(self, n, most=None):
+        if isinstance(n, torch.Tensor):  # the step on the device
+            self.running.rollback(n, most=most)
+            self.cached = self.cached - n
+        elif any(n):
             self.running.rollback(n)
             self.cached = [c - m for c, m in zip(self.cached, n)]

@@ -104,7 +104,7 @@ def random_head(adapter, seed=0):
     return HeadDrafts(head.eval(), "random head")
 
 
-def same_tokens_with_a_head(model, config, drafter):
+def same_tokens_with_a_drafter(model, config, drafter):
     host = decode(model, config, device_step=False, drafter=drafter)
     device = decode(model, config, device_step=True, drafter=drafter)
     assert torch.equal(device.tokens, host.tokens)
@@ -119,7 +119,7 @@ def test_the_shipped_heads_drafts_on_the_device_give_the_host_steps_tokens(famil
 
     model = families["embedded"]
     config = DecodeConfig(**HEAD_MODES[mode])
-    host = same_tokens_with_a_head(model, config, load_drafter("embedded", model))
+    host = same_tokens_with_a_drafter(model, config, load_drafter("embedded", model))
     counts = [r.origin_counts() for r in host.reports]
     assert any(c["accepted draft"] for c in counts) and any(c["resampled after a rejection"] for c in counts)
     if config.verify_schedule == "uniform":
@@ -131,8 +131,34 @@ def test_the_shipped_heads_drafts_on_the_device_give_the_host_steps_tokens(famil
                             ("emu3", "static"), ("janus", "sampled"), ("lumina", "lantern"), ("emu3", "vvs")])
 def test_a_heads_drafts_on_the_device_give_the_host_steps_tokens_on_every_family(families, family, mode):
     model = families[family]
-    host = same_tokens_with_a_head(model, DecodeConfig(**HEAD_MODES[mode]), random_head(model.adapter))
+    host = same_tokens_with_a_drafter(model, DecodeConfig(**HEAD_MODES[mode]), random_head(model.adapter))
     assert any(r.nfe < r.tokens for r in host.reports)  # drafts were accepted
+
+
+# -- draft models -------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["sjd", "vvs"])
+def test_the_shipped_siblings_drafts_on_the_device_give_the_host_steps_tokens(families, mode):
+    from spec_ar.loaders.detect import load_drafter
+
+    model = families["embedded"]
+    config = DecodeConfig(**HEAD_MODES[mode])
+    host = same_tokens_with_a_drafter(model, config, load_drafter("embedded-sibling", model))
+    counts = [r.origin_counts() for r in host.reports]
+    assert any(c["accepted draft"] for c in counts) and any(c["resampled after a rejection"] for c in counts)
+    if config.verify_schedule == "uniform":
+        assert all(c["committed without verification (VVS skip)"] for c in counts)
+
+
+@pytest.mark.parametrize("family,resolution", [("llamagen-c2i", 128), ("emu3", 64)])
+def test_a_draft_models_drafts_on_the_device_give_the_host_steps_tokens_on_other_families(families, family,
+                                                                                          resolution):
+    from spec_ar.sampling.model_drafts import ModelDrafts
+
+    model = families[family]
+    drafter = ModelDrafts(model.resize(resolution).adapter, "a copy of the target")  # its own cache
+    for mode in ("sjd", "vvs"):
+        host = same_tokens_with_a_drafter(model, DecodeConfig(**HEAD_MODES[mode]), drafter)
+        assert all(r.nfe < r.tokens for r in host.reports)
 
 
 @pytest.mark.parametrize("mode", ["sjd", "lantern"])
@@ -192,17 +218,31 @@ def test_what_needs_the_host_is_named_and_runs_there_on_auto(families, config, w
     assert decoder.device_step_blocker and not decoder._steps_on_device(None)
 
 
-def test_a_draft_model_and_a_skipped_tree_are_named_too(families):
+def test_a_draft_model_that_rolls_back_on_the_host_and_a_skipped_tree_are_named_too(families):
     from spec_ar.loaders.detect import load_drafter
+    from spec_ar.sampling.model_drafts import ModelDrafts
 
     model = families["embedded"]
+    sibling = load_drafter("embedded-sibling", model).adapter
     with pytest.raises(ConfigError, match="the step cannot stay on the device: the .* drafts from lengths read"):
-        SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3),
-                           drafter=load_drafter("embedded-sibling", model), device_step=True)
+        SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", depth=3), device_step=True,
+                           drafter=ModelDrafts(HostRollbacks(sibling)))
     with pytest.raises(ConfigError, match="the step cannot stay on the device: a skipping schedule decides on the "
                                           "host whether the batch commits a draft tree's path"):
         SpeculativeDecoder(model.adapter, DecodeConfig(mode="vvs", depth=3, tree="dynamic"),
                            drafter=load_drafter("embedded", model), device_step=True)
+
+
+class HostRollbacks:
+    """An adapter as one that rolls its cache back by host lists only."""
+
+    rolls_back_on_device = False
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
 def test_on_auto_the_step_stays_on_the_device_on_cuda_only(families):
@@ -277,6 +317,21 @@ def test_draft_head_drafts_on_the_device_sample_the_exact_joint(enumerable, tree
     assert sum(c["accepted draft"] for c in counts) and sum(c["resampled after a rejection"] for c in counts)
 
 
+def test_draft_model_drafts_on_the_device_sample_the_exact_joint(enumerable):
+    from spec_ar.sampling.model_drafts import ModelDrafts
+
+    settings = dict(cfg_scale=2.0, top_k=2, mode="sjd")
+    exact = exact_joint(enumerable, settings)
+    decoder = SpeculativeDecoder(enumerable, DecodeConfig(**settings, depth=2), device_step=True,
+                                 drafter=ModelDrafts(enumerable_llamagen(seed=1), "another model"))
+    result = [decoder.generate([1] * 1000, seeds=b * 1000) for b in range(12)]
+    pvalue, impossible = chi_square(exact, torch.cat([r.tokens for r in result]))
+    assert impossible == 0
+    assert pvalue > 1e-4
+    counts = [r.origin_counts() for part in result for r in part.reports]
+    assert sum(c["accepted draft"] for c in counts) and sum(c["resampled after a rejection"] for c in counts)
+
+
 # -- one graph ----------------------------------------------------------------------------------
 class Untimed:
     """The report's timer is host instrumentation around the forward, outside what a graph
@@ -325,15 +380,17 @@ def test_the_whole_step_compiles_as_one_graph(families, family, mode, monkeypatc
     assert torch.equal(stepped.tokens, decode(model, config, device_step=False, path="static").tokens)
 
 
-@pytest.mark.parametrize("mode,step", [("vvs", "_verify"), ("dynamic", "_tree_step"), ("static", "_tree_step")])
-def test_the_whole_step_with_a_draft_head_compiles_as_one_graph(families, mode, step, monkeypatch):
-    """The same with a draft head: the step, the head catching up and drafting (a chain, after the
-    verify; a tree, before it) and its cache's rollback, one graph; the host step's read breaks it."""
+@pytest.mark.parametrize("drafter,mode,step", [("embedded", "vvs", "_verify"), ("embedded", "dynamic", "_tree_step"),
+                                               ("embedded-sibling", "sjd", "_verify")])
+def test_the_whole_step_with_a_draft_head_or_model_compiles_as_one_graph(families, drafter, mode, step, monkeypatch):
+    """The same with a draft head (or model): the step, the drafter catching up and drafting (a
+    chain, after the verify; a tree, before it) and its cache's rollback, one graph; the host
+    step's read breaks it."""
     from spec_ar.loaders.detect import load_drafter
 
     model = families["embedded"]
     config = DecodeConfig(**HEAD_MODES[mode])
-    drafter = load_drafter("embedded", model)
+    drafter = load_drafter(drafter, model)
     original = getattr(engine.SpeculativeDecoder, step)
     compiled = torch.compile(original, fullgraph=True, backend="eager")
     ran = []

@@ -45,11 +45,11 @@ def conditions(model):
         if model.family == "embedded" else PROMPTS
 
 
-def enumerable_llamagen():
+def enumerable_llamagen(seed: int = 0):
     """A class-conditional LlamaGen GPT with 4 image tokens of 3 ids (81 streams to
     enumerate; 16 under top-k 2), weights drawn so that its conditionals differ."""
     spec = llamagen.GPTSpec(dim=16, n_layer=1, n_head=2, ffn_hidden=32, vocab_size=3, kind="c2i", num_classes=2)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     gpt = llamagen.LlamaGenGPT(spec)
     with torch.no_grad():
         for p in gpt.parameters():
