@@ -287,8 +287,11 @@ class SpeculativeDecoder:
         self.adapter.check_conditions(conditions, negatives)
         check_fits(self.memory_per_image(conditions, negatives), len(conditions), self.adapter.device)
         try:
-            with attention_without_cudnn(self.adapter.device):
-                return self._run(conditions, negatives, seeds, callback)
+            # inference mode, as ComfyUI runs every node: no tensor of a decode needs autograd, and each
+            # operation dispatches past it (on this CPU the step's share of an image fell by a seventh)
+            with attention_without_cudnn(self.adapter.device), torch.inference_mode():
+                result = self._run(conditions, negatives, seeds, callback)
+            return replace(result, tokens=result.tokens.clone())  # (a tensor the caller may change in place)
         finally:
             self.adapter.release()
             if hasattr(self.drafter, "finish"):

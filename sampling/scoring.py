@@ -27,9 +27,16 @@ def target_log_likelihood(decoder, conditions: Sequence, tokens: torch.Tensor, n
     return _score(decoder, conditions, tokens, negatives,
                        lambda p, toks: p.gather(-1, toks.unsqueeze(-1)).squeeze(-1), chunk).log()
 
-@torch.no_grad()
 def _score(decoder, conditions, tokens, negatives, pick, chunk):
-    """``pick(p, tokens)`` per chunk of positions of teacher-forced streams, concatenated."""
+    """``pick(p, tokens)`` per chunk of positions of teacher-forced streams, concatenated (in
+    inference mode, as the decoder runs, so that the adapter's caches and compiled blocks serve
+    both; the result is a plain tensor)."""
+    with torch.inference_mode():
+        out = _score_chunks(decoder, conditions, tokens, negatives, pick, chunk)
+    return out.clone()
+
+
+def _score_chunks(decoder, conditions, tokens, negatives, pick, chunk):
     ad = decoder.adapter
     tokens = decoder.to_tokens(tokens.to(ad.device))
     B, T = tokens.shape
