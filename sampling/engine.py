@@ -869,16 +869,18 @@ class SpeculativeDecoder:
         if m_host is not None:
             st.host_committed = [c + d for c, d in zip(st.host_committed, m_host)]
         st.verified_since_skip = 0
-        self._extend(st)
+        self._extend(st, after_skip=True)
 
-    def _extend(self, st: DecodeState):
+    def _extend(self, st: DecodeState, after_skip: bool = False):
         """Initialise drafts up to ``n_committed + horizon`` for every sample."""
         if st.device_step:  # as many positions as the horizon, those past a sample's stop masked
             start = torch.maximum(st.draft_end, st.n_committed)
             stop = (st.n_committed + st.horizon).clamp(max=st.length)
             st.extend_span = None
-            if st.horizon:
-                self.drafter.extend(st, start, stop, st.horizon)
+            # (a skip follows a verify step that drafted the horizon: it needs as many as it committed)
+            width = min(st.max_commit, st.horizon) if after_skip else st.horizon
+            if width:
+                self.drafter.extend(st, start, stop, width)
             st.draft_end = torch.maximum(start, stop)
         else:
             self._extend_on_host(st)

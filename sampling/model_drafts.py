@@ -20,8 +20,9 @@ feed of the batch and the padding rolled back at once.
 
 On the engine's step on the device (where the drafter's adapter rolls back on the device)
 nothing is read on the host: the catch-up goes in two tokens wide (the most it can need),
-and the drafter drafts as far as the horizon for every sample, those past a sample's stop
-masked (so near the image's end it spends forwards the host step does not).
+and the drafter drafts as far as the engine's width for every sample (the horizon; after a
+uniform skip, what a skip commits), those past a sample's stop masked (so near the image's
+end it spends forwards the host step does not).
 
 Random numbers: draft ``t`` of sample ``b`` uses ``rng.uniform(keys, step,
 DRAFT, t)``, so an image's drafts do not depend on its batch.
