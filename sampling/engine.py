@@ -291,7 +291,8 @@ class SpeculativeDecoder:
             # operation dispatches past it (on this CPU the step's share of an image fell by a seventh)
             with attention_without_cudnn(self.adapter.device), torch.inference_mode():
                 result = self._run(conditions, negatives, seeds, callback)
-            return replace(result, tokens=result.tokens.clone())  # (a tensor the caller may change in place)
+            # (a plain tensor the caller may change in place, not a view of the decode's state)
+            return replace(result, tokens=result.tokens.clone())
         finally:
             self.adapter.release()
             if hasattr(self.drafter, "finish"):
@@ -414,9 +415,8 @@ class SpeculativeDecoder:
                 self._window_profile()[self._window_key(B)] = choice
         reports = build_reports(st, config, timer, memory, ad.device, getattr(self.drafter, "name", ""),
                                 choice.reason if choice else "")
-        tokens = st.seq[:, :T]
-        ids = self.to_ids(tokens)  # a compact vocabulary's ids are a new tensor; the stream's view is copied
-        return DecodeResult(tokens.clone() if ids is tokens else ids, reports)
+        # the stream's view (or a compact vocabulary's ids): generate copies it out of inference mode
+        return DecodeResult(self.to_ids(st.seq[:, :T]), reports)
 
     def _leave(self, st: DecodeState):
         """Finished images leave the batch once they are a ``LEAVE_SHARE``-th of it: the adapter
@@ -692,9 +692,7 @@ class SpeculativeDecoder:
         plan = self.schedule.plan(st)  # (a uniform skip is due by the host's count; on the device its lengths stay)
         if st.device_step:  # the first bad row stays on the device until the host reads (_read)
             first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)
-            newly = (st.bad_step < 0) & (first_bad >= 0)
-            st.bad_pos = torch.where(newly, base + first_bad + 1, st.bad_pos)
-            st.bad_step = torch.where(newly, st.step, st.bad_step)
+            st.note_bad(first_bad, base + first_bad + 1)
             dropped, kept, plan = L - keep, keep, (None if plan is None else (plan, None))
         else:
             sync = torch.stack([st.n_cached, st.n_committed, L - keep, bad.sum(1)]  # (one dtype: no promotion)
@@ -811,9 +809,7 @@ class SpeculativeDecoder:
             st.verified += committed_before < T
         st.verified_since_skip += 1
         if st.device_step:  # a bad row stays on the device until the host reads (_read)
-            newly = (st.bad_step < 0) & (first_bad >= 0)
-            st.bad_pos = torch.where(newly, base + 1, st.bad_pos)
-            st.bad_step = torch.where(newly, st.step, st.bad_step)
+            st.note_bad(first_bad, base + 1)
             kept = keep
         else:
             sync = torch.stack([st.n_cached, st.n_committed, keep, first_bad]).tolist()

@@ -128,7 +128,8 @@ class ModelDrafts:
         first draft, feed two tokens (the most a step leaves to catch up on: a pass that took
         every draft), roll the padding back; the logits of each sample's last fed token."""
         back = (self.cached - (start - 1)).clamp(min=0)
-        # (a rollback takes at most the drafts of a horizon and the two catch-up tokens)
+        # (a bound of it: the drafts fed since the last catch-up, a horizon, ran at most a horizon
+        # ahead of the committed tokens, and two more for the catch-up's width)
         self._rollback(back, most=2 * st.horizon + 2)
         feed = start - self.cached  # 1 or 2
         cols = (self.cached.unsqueeze(1) + st.arange(2)).clamp(max=st.seq.shape[1] - 1)

@@ -171,6 +171,13 @@ class DecodeState:
         self.left: dict[int, tuple] = {}
         self.log_parts: list[tuple] = []
 
+    def note_bad(self, first_bad: torch.Tensor, position: torch.Tensor) -> None:
+        """The step on the device: each image's first step whose distribution was not one (``first_bad``
+        ``>= 0`` where this step had one, at ``position``), kept until the host reads it."""
+        newly = (self.bad_step < 0) & (first_bad >= 0)
+        self.bad_pos = torch.where(newly, position, self.bad_pos)
+        self.bad_step = torch.where(newly, self.step, self.bad_step)
+
     # -- images leaving the batch (engine.py, LEAVE_SHARE) ----------------------------------------
     #: per-sample tensors, indexed by the batch's rows
     PER_SAMPLE = ("seq", "ring", "keys", "n_cached", "n_committed", "draft_end", "informed_end", "produced",
