@@ -6,7 +6,8 @@ sampled from (SJD/GSD's convention; LANTERN and VVS swap the letters).
 
 Each rule gives, for every draft of a window at once,
 
-* ``accept_prob(p, q, x)``: the probability ``min(1, ratio)`` of keeping ``x``;
+* ``accept_prob(p, q, x)``: the probability ``min(1, ratio)`` of keeping ``x``
+  (``accept_probs``: that and the exact rule's, for coupled drafting, sharing ``p(x)`` and ``q(x)``);
 * ``residual(p, q, x)``: the unnormalised distribution to resample from at the
   first rejection.
 
@@ -57,6 +58,11 @@ class ExactAcceptance:
     def accept_prob(self, p, q: DraftDistributions, x):
         return (_gather(p, x) / q.at(x)).clamp_(max=1.0)
 
+    def accept_probs(self, p, q: DraftDistributions, x):
+        """``(accept_prob, the exact rule's)``: coupled drafting tests its drafts by both."""
+        a = ExactAcceptance.accept_prob(self, p, q, x)  # (a relaxed rule that is the exact one: G = 1)
+        return a, a
+
     def residual(self, p, q, x):
         return (p - q).clamp_(min=0.0)
 
@@ -89,8 +95,11 @@ class GroupedAcceptance(ExactAcceptance):
         self.delta, self.distance, self.geometry = delta, distance, geometry
 
     def accept_prob(self, p, q, x):
+        return self.accept_probs(p, q, x)[0]
+
+    def accept_probs(self, p, q, x):
         if self.up + self.down == 0:
-            return super().accept_prob(p, q, x)
+            return super().accept_probs(p, q, x)
         # a group larger than the vocabulary is the whole ranking (clipped at its ends)
         up, down = min(self.up, p.shape[-1] - 1), min(self.down, p.shape[-1] - 1)
         at_x = x.unsqueeze(-1)
@@ -114,8 +123,9 @@ class GroupedAcceptance(ExactAcceptance):
             g = self.geometry
             keep &= (g.vec(c) - g.vec(x).unsqueeze(-2)).square_().sum(-1) <= self.distance
         p_group = (p.gather(-1, c) * keep).sum(-1)
-        q_group = (q.at(c) * keep).sum(-1)
-        return (p_group / q_group).clamp_(max=1.0)
+        qc = q.at(c)  # (its first column is q(x): the exact rule's ratio reads it)
+        q_group = (qc * keep).sum(-1)
+        return (p_group / q_group).clamp_(max=1.0), (px.squeeze(-1) / qc[..., 0]).clamp_(max=1.0)
 
 
 class LatentRelaxedAcceptance(ExactAcceptance):
@@ -142,8 +152,12 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         return nb, pn, in_a, (pn * in_a).sum(-1)
 
     def accept_prob(self, p, q, x):
+        return self.accept_probs(p, q, x)[0]
+
+    def accept_probs(self, p, q, x):
         _, _, _, mass = self._neighbourhood(p, x)
-        return ((_gather(p, x) + mass) / q.at(x)).clamp_(max=1.0)
+        px, qx = _gather(p, x), q.at(x)
+        return ((px + mass) / qx).clamp_(max=1.0), (px / qx).clamp_(max=1.0)
 
     def residual(self, p, q, x):
         nb, pn, in_a, mass = self._neighbourhood(p, x)

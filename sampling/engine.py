@@ -91,7 +91,6 @@ from .state import DecodeState, Sizes
 from .timing import Timer
 from . import window
 
-EXACT = ExactAcceptance()
 DENSE_RESIDUAL = 1 << 17  # CPU: window rows x vocabulary up to which every row's residual is drawn
 #: the step on the device: verify steps between the host's reads of the lengths (an image that
 #: ends first rides along, committing nothing, as on the host step; near the end it reads every step)
@@ -583,7 +582,11 @@ class SpeculativeDecoder:
         if judged:
             cut = (lambda t: t) if judged == L else (lambda t: t[:, :judged])
             q = DraftDistributions(st.ring, cut(slots), st.batch_idx, cut(ring_rows))
-            test = cut(u[..., 0]) < self.rule.accept_prob(cut(probs), q, cut(x))
+            if coupled and not self.exact:  # the coupling keeps the exact ratio (below): the two at once
+                prob, exact_prob = self.rule.accept_probs(probs, q, x)
+            else:
+                prob = exact_prob = self.rule.accept_prob(cut(probs), q, cut(x))
+            test = cut(u[..., 0]) < prob
         if tested:
             ok, tp = test[:, :tested], target[:, :-1]
             # committed (post-verified) and forced rows stand without a test
@@ -618,7 +621,7 @@ class SpeculativeDecoder:
             # from the first rejection on: under exact acceptance the test above is the
             # coupling test and one residual pass serves every row.  (Rows before
             # `passed` are never read, so they need not be told apart.)
-            stays = test if self.exact else u[..., 0] < EXACT.accept_prob(probs, q, x)
+            stays = test if self.exact else u[..., 0] < exact_prob
             drawn, residual_draws = self._coupled_draws(st, probs, slots, had, stays, x, u, dense=st.device_step)
         else:
             drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row

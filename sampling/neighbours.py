@@ -42,6 +42,7 @@ class TokenGeometry:
         self.row[self.ids] = torch.arange(ids.numel(), device=device)
         self.device = device
         self._tables: dict[int, torch.Tensor] = {}
+        self._by_id: tuple[int, torch.Tensor | None] | None = None  # (k, the k-table by token id, int64)
 
     @property
     def size(self) -> int:
@@ -69,7 +70,8 @@ class TokenGeometry:
         return h.hexdigest()
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._tables.values())
+        by_id = [] if self._by_id is None or self._by_id[1] is None else [self._by_id[1]]
+        return sum(t.numel() * t.element_size() for t in [*self._tables.values(), *by_id])
 
     def _build(self, k: int, chunk: int = 1024) -> torch.Tensor:
         vec = self.vectors.cpu().numpy().astype(np.float32)
@@ -93,9 +95,22 @@ class TokenGeometry:
         dtype = torch.int16 if vocab <= 32767 else torch.int32
         return torch.from_numpy(ids).to(dtype).to(self.device)
 
+    #: the largest table kept by token id as int64 (one row select a lookup, where the codebook's
+    #: rows and a narrow dtype take four operations): 39 MB for 16384 codes at k = 300
+    BY_ID_BYTES = 64 << 20
+
     def neighbour_ids(self, tokens: torch.Tensor, k: int) -> torch.Tensor:
-        """``[..., k]`` int64 neighbour ids of ``tokens`` (image tokens only)."""
-        return self.neighbours(k)[self.row[tokens].clamp(min=0)].long()
+        """``[..., k]`` int64 neighbour ids of ``tokens`` (image tokens only; others read row 0's)."""
+        if self._by_id is None or self._by_id[0] != k:
+            table = self.neighbours(k)
+            fits = self.row.numel() * k * 8 <= self.BY_ID_BYTES
+            self._by_id = (k, table.long().index_select(0, self.row.clamp(min=0)) if fits else None)
+        flat = tokens.reshape(-1)
+        by_id = self._by_id[1]
+        if by_id is not None:
+            return by_id.index_select(0, flat).view(*tokens.shape, k)
+        rows = self.row.index_select(0, flat).clamp_(min=0)
+        return self.neighbours(k).index_select(0, rows).view(*tokens.shape, k).long()
 
 
 def grid_steps(vec: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

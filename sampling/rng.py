@@ -118,6 +118,17 @@ class UniformBlock:
         return u.gather(1, at.unsqueeze(-1).expand(-1, -1, u.shape[-1]))
 
 
+_ZEROS: dict = {}
+
+
+def _zero(like: torch.Tensor) -> torch.Tensor:
+    """A zero of ``like``'s dtype and device (kept: a step draws some four times)."""
+    key = (like.dtype, like.device)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros((), dtype=like.dtype, device=like.device)
+    return _ZEROS[key]
+
+
 def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | None = None,
                 empty: str = "clamp") -> torch.Tensor:
     """Inverse-CDF draws from the rows of ``probs`` (``[..., V]``, any scale), one per
@@ -131,7 +142,7 @@ def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | 
     """
     c = probs.cumsum(-1) if workspace is None else torch.cumsum(probs, -1, out=workspace)
     total = c[..., -1:]
-    v = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    v = torch.minimum(u * total, torch.nextafter(total, _zero(total)))
     ids = torch.searchsorted(c, v, right=True)
     return ids.clamp_(max=probs.shape[-1] - 1) if empty == "clamp" else ids
 

@@ -145,6 +145,7 @@ class DecodeState:
         self.host_draft_end = [0] * self.batch
         self.aranges: dict[int, torch.Tensor] = {} if aranges is None else aranges  # arange(n) by n
         self.buffers: dict[str, torch.Tensor] = {}
+        self.buffer_views: dict[tuple, torch.Tensor] = {}  # (name, rows, batch) -> its view (buffer)
         self.row_offsets: dict[int, torch.Tensor] = {}  # b * rows, by ring size (_flat)
         self.vocab = adapter.vocab_size
         self.any_forced = bool((lay.forced >= 0).any())  # some positions hold a forced token
@@ -283,13 +284,20 @@ class DecodeState:
 
     def buffer(self, name: str, rows: int) -> torch.Tensor:
         """A reusable ``[B, rows, V]`` float32 buffer (CPU allocations of this size
-        cost page faults on every step)."""
+        cost page faults on every step).  Its views are kept too: a step asks for some ten, and
+        making one is two tensor operations."""
+        key = (name, rows, self.batch)
+        view = self.buffer_views.get(key)
+        if view is not None:
+            return view
         n = self.batch * rows * self.vocab
         buf = self.buffers.get(name)
         if buf is None or buf.numel() < n:  # a window's rows at least (a draft tree's may be more), one row as one
             least = self.batch * self.max_window * self.vocab if rows > 1 else n
             buf = self.buffers[name] = torch.empty(max(n, least), device=self.n_cached.device)
-        return buf[:n].view(self.batch, rows, self.vocab)
+            self.buffer_views = {k: v for k, v in self.buffer_views.items() if k[0] != name}
+        view = self.buffer_views[key] = buf[:n].view(self.batch, rows, self.vocab)
+        return view
 
     # Whole rows of a ring go through index_select / index_copy_ on its flat view,
     # not ``ring[batch_idx, slots]``: advanced indexing of rows is parallelised by

@@ -105,7 +105,12 @@ def test_neighbour_table_is_nearest_first_without_self():
     want = ids[torch.argsort(d, 1)[:, :17]]
     assert torch.equal(table, want)
     assert geo.neighbours(17).dtype == torch.int16
-    assert geo.nbytes() == 300 * 17 * 2
+    assert geo.nbytes() == 300 * 17 * 2 + 512 * 17 * 8  # and the lookup by token id (int64)
+    # a vocabulary too large for the lookup by id reads the codebook's table: the same ids
+    narrow = TokenGeometry(ids, vectors, 512, torch.device("cpu"))
+    narrow.BY_ID_BYTES = 512 * 17 * 8 - 1
+    assert torch.equal(narrow.neighbour_ids(ids.view(3, 100), 17), want.view(3, 100, 17))
+    assert narrow.nbytes() == 300 * 17 * 2
 
 
 def test_a_grid_codebook_has_its_neighbours_read_off_the_grid():
