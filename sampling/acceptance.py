@@ -43,6 +43,12 @@ class DraftDistributions:
         starts = self._starts if ids.dim() == 2 else self._starts.unsqueeze(2)
         return torch.take(self.ring, starts + ids)
 
+    def row_at(self, row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """``q`` at ``ids`` ``[B, n]`` of each sample's draft row ``row`` ``[B, 1]``."""
+        if self._starts is None:
+            self.at(row)  # (sets the rows' offsets)
+        return torch.take(self.ring, self._starts.gather(1, row) + ids)
+
 
 def _gather(p: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return p.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
@@ -159,11 +165,40 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         px, qx = _gather(p, x), q.at(x)
         return ((px + mass) / qx).clamp_(max=1.0), (px / qx).clamp_(max=1.0)
 
+    def relax_row(self, res, p, q: DraftDistributions, x, row, rejected):
+        """Row ``row[b]`` of ``res`` (``[B, L, V]``: the window's exact residual ``max(0, p - q)``) made this
+        rule's residual where ``rejected[b]``: ``p_A`` is ``p`` but on ``A`` (zero) and at ``x``."""
+        B, L, V = p.shape
+        at = row.unsqueeze(1)
+        xr = x.gather(1, at)  # [B, 1]
+        first = at * V  # the row's offset in a sample's flattened window
+        nb = self.geometry.neighbour_ids(xr, self.k).view(B, self.k) + first
+        flat_p, flat_res = p.view(B, L * V), res.view(B, L * V)
+        pn = flat_p.gather(1, nb)
+        in_a = pn.cumsum(-1) <= self.delta
+        mass = (pn * in_a).sum(-1, keepdim=True)
+        where_x = first + xr
+        at_x = (flat_p.gather(1, where_x) + mass - q.row_at(at, xr)).clamp_(min=0.0)
+        now = rejected.unsqueeze(1)
+        flat_res.scatter_(1, nb, flat_res.gather(1, nb) * ~(in_a & now))
+        flat_res.scatter_(1, where_x, torch.where(now, at_x, flat_res.gather(1, where_x)))
+
     def residual(self, p, q, x):
         nb, pn, in_a, mass = self._neighbourhood(p, x)
         p_a = p.scatter(-1, nb, pn * ~in_a)
         p_a.scatter_add_(-1, x.unsqueeze(-1), mass.unsqueeze(-1))
         return (p_a - q).clamp_(min=0.0)
+
+
+class RelaxedRow:
+    """A rule's residual at each sample's first rejection (``row``, where ``rejected``), written into the
+    window's exact residual pass (coupled drafting): that row's draw is then the rejection's."""
+
+    def __init__(self, rule, row, rejected, q: DraftDistributions, x):
+        self.rule, self.row, self.rejected, self.q, self.x = rule, row, rejected, q, x
+
+    def __call__(self, res, p):
+        self.rule.relax_row(res, p, self.q, self.x, self.row, self.rejected)
 
 
 def make_rule(name: str, config, geometry: TokenGeometry | None):

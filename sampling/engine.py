@@ -73,7 +73,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import rng
-from .acceptance import DraftDistributions, ExactAcceptance, make_rule
+from .acceptance import DraftDistributions, ExactAcceptance, RelaxedRow, make_rule
 from .adapter import ImageAdapter
 from .compact import CompactVocabulary, compact, scores_trees
 from .config import KNOBS, ConfigError, DecodeConfig
@@ -611,6 +611,8 @@ class SpeculativeDecoder:
 
         # row `passed` gets the new token: the bonus draw from p when every draft
         # stood, else a draw from the rule's residual (with the same uniform)
+        rejected = passed < (tested if width is None else width - 1)
+        relax = None
         if coupled:
             # MC-SJD: from row `passed` on, a row whose position holds a draft x (drawn
             # from q) keeps it with probability min(1, p(x) / q(x)), else draws from
@@ -622,7 +624,12 @@ class SpeculativeDecoder:
             # coupling test and one residual pass serves every row.  (Rows before
             # `passed` are never read, so they need not be told apart.)
             stays = test if self.exact else u[..., 0] < exact_prob
-            drawn, residual_draws = self._coupled_draws(st, probs, slots, had, stays, x, u, dense=st.device_step)
+            dense = st.device_step or probs.is_cuda or had.numel() * probs.shape[-1] <= DENSE_RESIDUAL
+            # a rule with its own residual (LANTERN) makes its first rejection's row of that pass its own:
+            # the row's draw is then the rejection's (the same uniform), with no pass of its own
+            if dense and tested and levels == 0 and not self.rows and hasattr(self.rule, "relax_row"):
+                relax = RelaxedRow(self.rule, passed.clamp(max=tested - 1), rejected, q, x)
+            drawn, residual_draws = self._coupled_draws(st, probs, slots, had, stays, x, u, dense, relax)
         else:
             drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
         bad = st.buffer("cumsum", L)[..., -1].isnan()  # rows that are no distribution
@@ -634,7 +641,6 @@ class SpeculativeDecoder:
             bad &= target < T
         if width is not None:
             bad &= window < width
-        rejected = passed < (tested if width is None else width - 1)
         new_tok = drawn.gather(1, passed.unsqueeze(1))
         if tested and residual_draws is not None and self.resamples_exactly:
             # GSD resamples as SJD: the coupled rows' draws are from that residual with the same
@@ -643,7 +649,7 @@ class SpeculativeDecoder:
             redraw = residual_draws.gather(1, row)
             redraw = torch.where(redraw < probs.shape[-1], redraw, x.gather(1, row))
             new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
-        elif tested and not (coupled and self.exact):
+        elif tested and not (coupled and self.exact) and relax is None:
             # the first rejection resamples from the rule's residual (same uniform)
             row = passed.clamp(max=tested - 1).unsqueeze(1)
             p_row = probs.gather(1, row.unsqueeze(2).expand(-1, -1, probs.shape[-1])).squeeze(1)
@@ -821,7 +827,7 @@ class SpeculativeDecoder:
         ad.keep_tree(nodes, kept)  # the waiting chain and the accepted nodes stay, the rest leaves
 
     @staticmethod
-    def _coupled_draws(st, probs, slots, had, stays, x, u, dense=False):
+    def _coupled_draws(st, probs, slots, had, stays, x, u, dense=False, relax=None):
         """One token per window row, each with the row's sample uniform: the draft
         ``x`` where the row had one and it stays, a draw from ``norm(max(0, p - q))``
         (``q``: the draft's row in the ring) where it falls, a draw from ``p`` where
@@ -836,12 +842,15 @@ class SpeculativeDecoder:
         falling rows, so rows that keep their draft cost no pass over the
         vocabulary.  Both give the same tokens; the step on the device (``dense``) draws
         densely, as picking rows would read their number on the host.  Also returns the dense
-        path's residual draw of every row (``V`` where it has no mass; None on the other path)."""
+        path's residual draw of every row (``V`` where it has no mass; None on the other path).  ``relax``
+        (dense path only): a :class:`RelaxedRow` that makes one row per sample the rule's residual."""
         B, L, V = probs.shape
         if dense or probs.is_cuda or had.numel() * V <= DENSE_RESIDUAL:
             # rows without a draft draw from p: their q counts as zero
             res = st.rows(st.ring, slots, "residual", st.window_rows)
             torch.addcmul(probs, res, had.unsqueeze(-1), value=-1, out=res).clamp_(min=0.0)
+            if relax is not None:
+                relax(res, probs)
             drawn = rng.categorical(res, u[..., 1:], st.buffer("cumsum", L), empty="past-end").squeeze(-1)
             # a residual without mass (p and q equal to float precision) keeps the draft
             return torch.where((had & stays) | (drawn == V), x, drawn), drawn

@@ -93,11 +93,19 @@ class UniformBlock:
 
     def __init__(self, keys: torch.Tensor, step0: int, steps: int, lo: list[int], width: int,
                  lanes: dict[int, int]):
+        if not set(lanes.values()) <= {1, 2}:
+            raise ValueError(f"a block holds one or two lanes a stream (got {lanes})")
         self.step0, self.steps, self.lo, self.width, self.lanes = step0, steps, lo, width, lanes
         self.start = torch.tensor(lo, device=keys.device).unsqueeze(1)  # [B, 1]
         grid = (self.start + torch.arange(width, device=keys.device)).unsqueeze(1)  # [B, 1, P]
-        step = torch.arange(step0, step0 + steps, device=keys.device).view(1, steps, 1)
-        self.numbers = {s: uniform(keys, step, s, grid, n) for s, n in lanes.items()}  # [B, K, P(, n)]
+        step = torch.arange(step0, step0 + steps, device=keys.device).view(1, 1, steps, 1)
+        # every stream in one pass of the hash (uniform's arithmetic, a stream axis in front)
+        streams = torch.tensor(list(lanes), device=keys.device).view(-1, 1, 1, 1)
+        key = keys.view(1, -1, 1, 1) + (step * 4096 + streams) * _GAMMA  # [S, B, K, 1]
+        h = _mix(key ^ (grid * _GAMMA))
+        both = torch.stack([_shr(h, 40), _shr(h, 16) & 0xFFFFFF], -1).to(torch.float32) * (1.0 / (1 << 24))
+        self.numbers = {s: both[i] if n == 2 else both[i, ..., 0].contiguous()  # [B, K, P(, n)]
+                        for i, (s, n) in enumerate(lanes.items())}
 
     def covers(self, step: int, stream: int, lanes: int, upto: list[int]) -> bool:
         """Whether it holds ``stream``'s numbers at ``step`` for every position below ``upto[b]``."""

@@ -255,7 +255,7 @@ class DecodeState:
         self.horizon = drafts + self.max_commit
 
     #: steps a block of random numbers serves (rng.UniformBlock), and the streams it holds
-    BLOCK_STEPS = 8
+    BLOCK_STEPS = 16
     BLOCK_LANES = {rng.VERIFY: 2, rng.INIT: 1}
 
     def uniform(self, stream: int, positions: torch.Tensor, lanes: int = 1,
@@ -269,8 +269,12 @@ class DecodeState:
             return rng.uniform(self.keys, self.step, stream, positions, lanes)
         block = self.block
         if block is None or not block.covers(self.step, stream, lanes, upto):
-            # wide enough for the block's steps: each caches at most a window, and drafts reach a horizon past it
-            width = max(u - c for u, c in zip(upto, self.host_cached)) + self.BLOCK_STEPS * (self.drafts + 2)
+            # wide enough for the block's steps: each caches at most a window, and drafts reach a horizon past
+            # it; a step has so far moved some tokens on average, and a block that falls short is hashed anew
+            reach = self.drafts + 2
+            if self.step > 1:
+                reach = min(reach, 2 * -(-max(self.host_committed) // (self.step - 1)) + 2)
+            width = max(u - c for u, c in zip(upto, self.host_cached)) + self.BLOCK_STEPS * reach
             # (no position past the stream is read: a short stream's block stops there)
             width = min(width, max(max(upto), self.seq.shape[1]) - min(self.host_cached))
             block = self.block = rng.UniformBlock(self.keys, self.step, self.BLOCK_STEPS, list(self.host_cached),

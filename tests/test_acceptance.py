@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from spec_ar.sampling.acceptance import (DraftDistributions, ExactAcceptance, GroupedAcceptance,
-                                         LatentRelaxedAcceptance)
+                                         LatentRelaxedAcceptance, RelaxedRow)
 from spec_ar.sampling.neighbours import TokenGeometry
 
 
@@ -92,6 +92,28 @@ def test_latent_rule_matches_the_paper(k, delta):
         acc, want_res = lantern_reference(p[b, 1], q[b, 1], int(x[b, 1]), nb, delta)
         assert got[b, 1].item() == pytest.approx(acc, rel=1e-5)
         torch.testing.assert_close(res[b].double(), want_res, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k,delta", [(5, 0.0), (12, 0.2), (39, 1.0)])
+def test_latent_rule_writes_its_residual_into_a_windows_exact_pass(k, delta):
+    """Coupled drafting draws every window row from ``max(0, p - q)`` at once; LANTERN's first rejection
+    takes its own residual in that pass (the row made the rule's), the other rows and the samples
+    without a rejection as they were."""
+    p, q, x, qd = rows(B=4, N=6, seed=k)
+    geo = TokenGeometry(torch.arange(40), torch.randn(40, 4, generator=torch.Generator().manual_seed(2)), 40,
+                        torch.device("cpu"))
+    rule = LatentRelaxedAcceptance(k, delta, geo)
+    exact = (p - q).clamp(min=0)
+    row, rejected = torch.tensor([0, 3, 5, 2]), torch.tensor([True, True, True, False])
+    res = exact.clone()
+    RelaxedRow(rule, row, rejected, qd, x)(res, p)
+    for b in range(4):
+        r = int(row[b])
+        want = rule.residual(p[b:b + 1, r], q[b:b + 1, r], x[b:b + 1, r])[0] if rejected[b] else exact[b, r]
+        assert torch.equal(res[b, r], want)
+        others = [n for n in range(6) if n != r]
+        assert torch.equal(res[b, others], exact[b, others])
+    assert torch.equal(res, exact) == (delta == 0)  # (delta = 0 is SJD: the exact residual)
 
 
 def test_neighbour_table_is_nearest_first_without_self():
