@@ -319,7 +319,10 @@ class StaticKV:
         (``added``: what :meth:`keep` takes back to find where a tree forward started)."""
         self.added = n[0]
         self.host_length = [a + b for a, b in zip(self.host_length, n)]
-        self.length += torch.tensor(n, device=self.length.device)
+        if n.count(n[0]) == len(n):  # (a forward, a batch of one: no list to copy to the device)
+            self.length += n[0]
+        else:
+            self.length += torch.tensor(n, device=self.length.device)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.K, self.V))

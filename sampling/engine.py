@@ -704,13 +704,13 @@ class SpeculativeDecoder:
             st.note_bad(first_bad, base + first_bad + 1)
             dropped, kept, plan = L - keep, keep, (None if plan is None else (plan, None))
         else:
-            sync = torch.stack([st.n_cached, st.n_committed, L - keep, bad.sum(1)]  # (one dtype: no promotion)
+            sync = torch.stack([st.n_cached, st.n_committed, keep, bad.sum(1)]  # (one dtype: no promotion)
                                + ([plan] if plan is not None else [])).tolist()
             if any(sync[3]):  # (where, read only now: the rows' totals are read with the lengths)
                 raise_if_nonfinite(sync[3], st.step, [c + j + 1 for c, j in zip(st.host_cached,
                                                                                 bad.int().argmax(1).tolist())])
             st.host_cached, st.host_committed = sync[0], sync[1]
-            dropped, kept = sync[2], [L - n for n in sync[2]]
+            dropped, kept = [L - n for n in sync[2]], sync[2]
             # a skip is taken unless a sample dissents (one with nothing to commit abstains)
             plan = (plan, sync[4]) if plan is not None and min(sync[4]) >= 0 else None
         if nodes is None and self.rows:  # the window rows that stand stay, the rows' chains leave
@@ -872,8 +872,9 @@ class SpeculativeDecoder:
     def _skip(self, st: DecodeState, m: torch.Tensor, m_host: list[int] | None):
         """Commit ``m[b]`` informed drafts of each sample without a forward (``m_host``: the host's
         copy; None on the step on the device, which reads the lengths later)."""
-        st.log.append(("S", st.n_committed, st.n_committed + m, m > 0, None))
-        st.n_committed = st.n_committed + m
+        after = st.n_committed + m
+        st.log.append(("S", st.n_committed, after, m > 0, None))
+        st.n_committed = after
         if m_host is not None:
             st.host_committed = [c + d for c, d in zip(st.host_committed, m_host)]
         st.verified_since_skip = 0

@@ -255,7 +255,7 @@ class DecodeState:
         self.horizon = drafts + self.max_commit
 
     #: steps a block of random numbers serves (rng.UniformBlock), and the streams it holds
-    BLOCK_STEPS = 16
+    BLOCK_STEPS = 8
     BLOCK_LANES = {rng.VERIFY: 2, rng.INIT: 1}
 
     def uniform(self, stream: int, positions: torch.Tensor, lanes: int = 1,
