@@ -6,7 +6,9 @@ sorted ``N x N`` order (512 MB for 16384 codes) and GSD's reference keeps a dens
 bf16 distance matrix (~200 MB); here the table holds only the ``k`` columns in
 use, as int16 ids where the vocabulary allows (16384 codes, k = 300: 9.8 MB), built
 once per ``k`` in row chunks and cached (the last table built is kept across decoders: a
-new decode of the same model and ``k`` does not build it again).
+new decode of the same model and ``k`` does not build it again).  A step reads it through
+a copy by token id as int64 where that stays under ``BY_ID_BYTES`` (39 MB for 16384 codes at
+k = 300): one row select, where the codebook's rows and the narrow ids took four operations.
 
 A codebook that is a regular grid (finite scalar quantization: Cosmos' 64,000 codes are
 every point of 8 x 8 x 8 x 5 x 5 x 5 evenly spaced levels) has its neighbours read off
