@@ -34,20 +34,22 @@ class DraftDistributions:
         # rows: the slots' rows of the flattened ring [B * R, V], where the caller has them
         self._starts = None if rows is None else rows * ring.shape[2]
 
+    def starts(self) -> torch.Tensor:
+        """Where each draft's row starts in the flattened ring ``[B, N]``."""
+        if self._starts is None:
+            B, R, V = self.ring.shape
+            self._starts = (self.batch * R + self.slots) * V
+        return self._starts
+
     def at(self, ids: torch.Tensor) -> torch.Tensor:
         """``q`` of each draft row at ``ids`` (``[B, N]`` or ``[B, N, M]``): one ``take`` at the
         rows' flat offsets (three-tensor advanced indexing costs several times as much)."""
-        if self._starts is None:  # where each draft's row starts in the flattened ring
-            B, R, V = self.ring.shape
-            self._starts = (self.batch * R + self.slots) * V
-        starts = self._starts if ids.dim() == 2 else self._starts.unsqueeze(2)
+        starts = self.starts() if ids.dim() == 2 else self.starts().unsqueeze(2)
         return torch.take(self.ring, starts + ids)
 
     def row_at(self, row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``q`` at ``ids`` ``[B, n]`` of each sample's draft row ``row`` ``[B, 1]``."""
-        if self._starts is None:
-            self.at(row)  # (sets the rows' offsets)
-        return torch.take(self.ring, self._starts.gather(1, row) + ids)
+        return torch.take(self.ring, self.starts().gather(1, row) + ids)
 
 
 def _gather(p: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -188,17 +190,6 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         p_a = p.scatter(-1, nb, pn * ~in_a)
         p_a.scatter_add_(-1, x.unsqueeze(-1), mass.unsqueeze(-1))
         return (p_a - q).clamp_(min=0.0)
-
-
-class RelaxedRow:
-    """A rule's residual at each sample's first rejection (``row``, where ``rejected``), written into the
-    window's exact residual pass (coupled drafting): that row's draw is then the rejection's."""
-
-    def __init__(self, rule, row, rejected, q: DraftDistributions, x):
-        self.rule, self.row, self.rejected, self.q, self.x = rule, row, rejected, q, x
-
-    def __call__(self, res, p):
-        self.rule.relax_row(res, p, self.q, self.x, self.row, self.rejected)
 
 
 def make_rule(name: str, config, geometry: TokenGeometry | None):

@@ -68,12 +68,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
 
 from . import rng
-from .acceptance import DraftDistributions, ExactAcceptance, RelaxedRow, make_rule
+from .acceptance import DraftDistributions, ExactAcceptance, make_rule
 from .adapter import ImageAdapter
 from .compact import CompactVocabulary, compact, scores_trees
 from .config import KNOBS, ConfigError, DecodeConfig
@@ -628,7 +629,7 @@ class SpeculativeDecoder:
             # a rule with its own residual (LANTERN) makes its first rejection's row of that pass its own:
             # the row's draw is then the rejection's (the same uniform), with no pass of its own
             if dense and tested and levels == 0 and not self.rows and hasattr(self.rule, "relax_row"):
-                relax = RelaxedRow(self.rule, passed.clamp(max=tested - 1), rejected, q, x)
+                relax = partial(self.rule.relax_row, q=q, x=x, row=passed.clamp(max=tested - 1), rejected=rejected)
             drawn, residual_draws = self._coupled_draws(st, probs, slots, had, stays, x, u, dense, relax)
         else:
             drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
@@ -827,7 +828,7 @@ class SpeculativeDecoder:
         ad.keep_tree(nodes, kept)  # the waiting chain and the accepted nodes stay, the rest leaves
 
     @staticmethod
-    def _coupled_draws(st, probs, slots, had, stays, x, u, dense=False, relax=None):
+    def _coupled_draws(st, probs, slots, had, stays, x, u, dense, relax=None):
         """One token per window row, each with the row's sample uniform: the draft
         ``x`` where the row had one and it stays, a draw from ``norm(max(0, p - q))``
         (``q``: the draft's row in the ring) where it falls, a draw from ``p`` where
@@ -840,12 +841,12 @@ class SpeculativeDecoder:
         each row is drawn once from ``max(0, p - had * q)`` (a few whole-window ops,
         no host sync); larger CPU windows draw every row from ``p`` and then pick the
         falling rows, so rows that keep their draft cost no pass over the
-        vocabulary.  Both give the same tokens; the step on the device (``dense``) draws
-        densely, as picking rows would read their number on the host.  Also returns the dense
+        vocabulary.  Both give the same tokens; ``dense`` is the caller's choice (``_verify``: the step on
+        the device draws densely too, as picking rows would read their number on the host).  Also returns the dense
         path's residual draw of every row (``V`` where it has no mass; None on the other path).  ``relax``
-        (dense path only): a :class:`RelaxedRow` that makes one row per sample the rule's residual."""
+        (dense path only): ``relax(res, p)`` makes one row per sample the rule's residual."""
         B, L, V = probs.shape
-        if dense or probs.is_cuda or had.numel() * V <= DENSE_RESIDUAL:
+        if dense:
             # rows without a draft draw from p: their q counts as zero
             res = st.rows(st.ring, slots, "residual", st.window_rows)
             torch.addcmul(probs, res, had.unsqueeze(-1), value=-1, out=res).clamp_(min=0.0)
