@@ -151,6 +151,7 @@ class LatentRelaxedAcceptance(ExactAcceptance):
 
     def __init__(self, k: int, delta: float, geometry: TokenGeometry):
         self.k, self.delta, self.geometry = k, delta, geometry
+        self._window = None
         geometry.neighbours(k)  # build the table before decoding starts
 
     def _neighbourhood(self, p, x):
@@ -160,10 +161,15 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         return nb, pn, in_a, (pn * in_a).sum(-1)
 
     def accept_prob(self, p, q, x):
-        return self.accept_probs(p, q, x)[0]
+        return self._ratios(p, q, x, self._neighbourhood(p, x)[3])[0]
 
     def accept_probs(self, p, q, x):
-        _, _, _, mass = self._neighbourhood(p, x)
+        nb, _, in_a, mass = self._neighbourhood(p, x)
+        self._window = (p, x, nb, in_a, mass)  # (relax_row reads its row's: the window's rejection comes next)
+        return self._ratios(p, q, x, mass)
+
+    @staticmethod
+    def _ratios(p, q, x, mass):
         px, qx = _gather(p, x), q.at(x)
         return ((px + mass) / qx).clamp_(max=1.0), (px / qx).clamp_(max=1.0)
 
@@ -173,17 +179,23 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         B, L, V = p.shape
         at = row.unsqueeze(1)
         xr = x.gather(1, at)  # [B, 1]
+        seen, self._window = self._window, None
+        if seen is not None and seen[0] is p and seen[1] is x:  # accept_probs' neighbourhoods of this window
+            pick = at.unsqueeze(2).expand(B, 1, self.k)
+            nb, in_a = seen[2].gather(1, pick).view(B, self.k), seen[3].gather(1, pick).view(B, self.k)
+            mass = seen[4].gather(1, at)
+        else:
+            nb, _, in_a, mass = self._neighbourhood(p.gather(1, at.unsqueeze(2).expand(B, 1, V)), xr)
+            nb, in_a = nb.view(B, self.k), in_a.view(B, self.k)
         first = at * V  # the row's offset in a sample's flattened window
-        nb = self.geometry.neighbour_ids(xr, self.k).view(B, self.k) + first
         flat_p, flat_res = p.view(B, L * V), res.view(B, L * V)
-        pn = flat_p.gather(1, nb)
-        in_a = pn.cumsum(-1) <= self.delta
-        mass = (pn * in_a).sum(-1, keepdim=True)
         where_x = first + xr
+        before = flat_res.gather(1, where_x)
         at_x = (flat_p.gather(1, where_x) + mass - q.row_at(at, xr)).clamp_(min=0.0)
         now = rejected.unsqueeze(1)
-        flat_res.scatter_(1, nb, flat_res.gather(1, nb) * ~(in_a & now))
-        flat_res.scatter_(1, where_x, torch.where(now, at_x, flat_res.gather(1, where_x)))
+        # zero on A (elsewhere a write at x, which the next line sets)
+        flat_res.scatter_(1, torch.where(in_a & now, nb + first, where_x), 0.0)
+        flat_res.scatter_(1, where_x, torch.where(now, at_x, before))
 
     def residual(self, p, q, x):
         nb, pn, in_a, mass = self._neighbourhood(p, x)

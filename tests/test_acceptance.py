@@ -94,11 +94,13 @@ def test_latent_rule_matches_the_paper(k, delta):
         torch.testing.assert_close(res[b].double(), want_res, atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tested_first", [False, True])
 @pytest.mark.parametrize("k,delta", [(5, 0.0), (12, 0.2), (39, 1.0)])
-def test_latent_rule_writes_its_residual_into_a_windows_exact_pass(k, delta):
+def test_latent_rule_writes_its_residual_into_a_windows_exact_pass(k, delta, tested_first):
     """Coupled drafting draws every window row from ``max(0, p - q)`` at once; LANTERN's first rejection
     takes its own residual in that pass (the row made the rule's), the other rows and the samples
-    without a rejection as they were."""
+    without a rejection as they were.  After the window's test (``accept_probs``) the row's
+    neighbourhood is the test's; on its own the rule finds it again: the same residual."""
     p, q, x, qd = rows(B=4, N=6, seed=k)
     geo = TokenGeometry(torch.arange(40), torch.randn(40, 4, generator=torch.Generator().manual_seed(2)), 40,
                         torch.device("cpu"))
@@ -106,7 +108,13 @@ def test_latent_rule_writes_its_residual_into_a_windows_exact_pass(k, delta):
     exact = (p - q).clamp(min=0)
     row, rejected = torch.tensor([0, 3, 5, 2]), torch.tensor([True, True, True, False])
     res = exact.clone()
+    if tested_first:
+        rule.accept_probs(p, qd, x)
+    looked_up = []
+    geo.neighbour_ids = lambda ids, k, find=geo.neighbour_ids: looked_up.append(ids) or find(ids, k)
     rule.relax_row(res, p, qd, x, row, rejected)
+    assert len(looked_up) == (not tested_first)  # (after the test, its neighbourhoods are read, not found again)
+    assert rule._window is None  # (read once: nothing of the window kept past its step)
     for b in range(4):
         r = int(row[b])
         want = rule.residual(p[b:b + 1, r], q[b:b + 1, r], x[b:b + 1, r])[0] if rejected[b] else exact[b, r]
