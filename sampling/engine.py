@@ -243,10 +243,11 @@ class SpeculativeDecoder:
         if device_step and self.device_step_blocker:
             raise ConfigError(f"the step cannot stay on the device: {self.device_step_blocker}")
         self.device_step = device_step
-        # finished images leave the batch (LEAVE_SHARE) where nothing else keeps per-image state
-        # (not under a skipping schedule: a batch skips together, and its window after a skip is the batch's;
-        # nor with row-parallel drafts, whose fixed tokens the report reads for the whole batch)
-        self.leaves = (bool(config.drafts) and host_bound is None and config.verify_schedule == "every"
+        # finished images leave the batch (LEAVE_SHARE) where nothing else keeps per-image state (under a
+        # uniform schedule too: a finished image has nothing to commit, so it abstains from the batch's skips,
+        # and waits no tokens that would widen its window after one; not with row-parallel drafts, whose
+        # fixed tokens the report reads for the whole batch)
+        self.leaves = (bool(config.drafts) and host_bound is None
                        and not self.rows and drafter is None and getattr(adapter, "drops_samples", False))
 
     def _host_bound(self, drafter) -> str | None:
@@ -402,7 +403,8 @@ class SpeculativeDecoder:
                 read = st.step
             self._notify(callback, st)
             if self.leaves and (trial is None or not trial.open) and ad.decode_path != "compiled":
-                self._leave(st)  # (a trial counts tokens over its batch; a narrower batch would compile anew)
+                plan = self._leave(st, plan)  # (a trial counts tokens over its batch; a narrower batch would
+                # compile anew)
 
         if not st.drafting:
             check_ar(st)
@@ -418,15 +420,20 @@ class SpeculativeDecoder:
         # the stream's view (or a compact vocabulary's ids): generate copies it out of inference mode
         return DecodeResult(self.to_ids(st.seq[:, :T]), reports)
 
-    def _leave(self, st: DecodeState):
+    def _leave(self, st: DecodeState, plan):
         """Finished images leave the batch once they are a ``LEAVE_SHARE``-th of it: the adapter
-        drops their cache rows, the state its rows (state.py), and the forwards narrow.  An image
+        drops their cache rows, the state its rows (state.py), and the forwards narrow (and a skip's
+        ``plan`` due next, returned).  An image
         leaves once its cache holds the whole stream (the step after its last token): its length
         is final, and a static cache reads as many keys as it would have riding along."""
         keep = [b for b, n in enumerate(st.host_cached) if n < st.length]
         if keep and (st.batch - len(keep)) * LEAVE_SHARE >= st.batch:
+            if plan is not None:  # a skip due next: the lengths of the images that stay
+                m, m_host = plan
+                plan = (m[keep], None if m_host is None else [m_host[b] for b in keep])
             st.leave(keep)
             self.adapter.keep_samples(keep)
+        return plan
 
     def _read(self, st: DecodeState):
         """The step on the device: what the host reads every ``READ_EVERY`` steps (lengths,
@@ -517,8 +524,8 @@ class SpeculativeDecoder:
         width = None  # the host step's window width where the step on the device runs a wider one
         if st.device_step:  # nothing read on the host: the full window, its rows past the image masked
             waiting, L, near_end = 1, st.drafts + 1, True
-            if st.skips and st.log[-1][0] == "S":  # after a skip the committed tokens lead: as wide as they can be, the
-                # rows past the host's width (the drafts plus the most any sample has waiting) masked
+            if st.skips and st.last_kind() == "S":  # after a skip the committed tokens lead: as wide as they can be,
+                # the rows past the host's width (the drafts plus the most any sample has waiting) masked
                 waiting, L = 1 + st.max_commit, L + st.max_commit
                 width = st.drafts + (st.n_committed - st.n_cached).max()
         else:

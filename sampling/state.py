@@ -210,6 +210,10 @@ class DecodeState:
         self.batch_idx = torch.arange(self.batch, device=self.seq.device).unsqueeze(1)
         self.row_offsets = {}  # (the reusable buffers serve a narrower batch as they are)
 
+    def last_kind(self) -> str:
+        """The last step's kind in the step log ("P", "V", "S"), across images leaving."""
+        return (self.log or self.log_parts[-1][2])[-1][0]
+
     def whole_seq(self) -> torch.Tensor:
         """``seq`` of the whole batch in its first order: the rows still decoding, and the tokens of
         the images that left (past their stream any image token, as ``seq`` starts)."""
