@@ -245,10 +245,9 @@ class SpeculativeDecoder:
         self.device_step = device_step
         # finished images leave the batch (LEAVE_SHARE) where nothing else keeps per-image state (under a
         # uniform schedule too: a finished image has nothing to commit, so it abstains from the batch's skips,
-        # and waits no tokens that would widen its window after one; not with row-parallel drafts, whose
-        # fixed tokens the report reads for the whole batch)
-        self.leaves = (bool(config.drafts) and host_bound is None
-                       and not self.rows and drafter is None and getattr(adapter, "drops_samples", False))
+        # and waits no tokens that would widen its window after one)
+        self.leaves = (bool(config.drafts) and host_bound is None and drafter is None
+                       and getattr(adapter, "drops_samples", False))
 
     def _host_bound(self, drafter) -> str | None:
         """What in this configuration keeps state of its own per image and step, shaped by lengths

@@ -182,7 +182,9 @@ class DecodeState:
     # -- images leaving the batch (engine.py, LEAVE_SHARE) ----------------------------------------
     #: per-sample tensors, indexed by the batch's rows
     PER_SAMPLE = ("seq", "ring", "keys", "n_cached", "n_committed", "draft_end", "informed_end", "produced",
-                  "verified", "drafts_redrawn", "drafts_kept", "bad_step", "bad_pos")
+                  "verified", "drafts_redrawn", "drafts_kept", "bad_step", "bad_pos", "fixed", "row_drafted")
+    #: what an image that leaves puts aside, by name, for the whole batch again (rejoin): the report reads them
+    SET_ASIDE = ("drafts_redrawn", "drafts_kept", "fixed", "row_drafted")
 
     def leave(self, keep: list[int]) -> None:
         """Only the rows ``keep`` (a sorted list) stay in the batch: the others' tokens and counts
@@ -191,8 +193,9 @@ class DecodeState:
         B0 = len(self.origin_seeds)
         left = [b for b in range(self.batch) if b not in keep]
         for b in left:
-            self.left[self.origin[b]] = (self.seq[b, : self.length].clone(), self.drafts_redrawn[b].clone(),
-                                         self.drafts_kept[b].clone())
+            self.left[self.origin[b]] = (self.seq[b, : self.length].clone(),
+                                         {n: getattr(self, n)[b].clone() for n in self.SET_ASIDE
+                                          if getattr(self, n) is not None})
         self.log_parts.append((torch.tensor(self.origin, device=self.seq.device), B0, self.log))
         self.log = []
         idx = torch.tensor(keep, device=self.seq.device)
@@ -221,7 +224,7 @@ class DecodeState:
             return self.seq
         full = self.image_ids[0].repeat(len(self.origin_seeds), self.seq.shape[1])
         full[torch.tensor(self.origin, device=self.seq.device)] = self.seq
-        for b, (seq, _, _) in self.left.items():
+        for b, (seq, _) in self.left.items():
             full[b, : self.length] = seq
         return full
 
@@ -237,12 +240,14 @@ class DecodeState:
         self.log_parts = []
         self.seq = self.whole_seq()
         rows = torch.tensor(self.origin, device=device)
-        for name, at in (("drafts_redrawn", 1), ("drafts_kept", 2)):
+        for name in self.SET_ASIDE:
             now = getattr(self, name)
+            if now is None:
+                continue
             full = now.new_empty((B0,) + tuple(now.shape[1:]))
             full[rows] = now
-            for b, parts in self.left.items():
-                full[b] = parts[at]
+            for b, (_, aside) in self.left.items():
+                full[b] = aside[name]
             setattr(self, name, full)
         self.origin, self.seeds, self.batch = list(range(B0)), list(self.origin_seeds), B0
         self.left = {}

@@ -60,7 +60,8 @@ def same(first, second):
                                     dict(mode="sjd", window=6, draft_coupling="none"),
                                     dict(mode="sjd", window=6, draft_coupling="gumbel"),
                                     dict(mode="sjd", window=6, proactive=3), dict(mode="vvs", window=6),
-                                    dict(mode="vvs", window=3, skip_interval=3)])
+                                    dict(mode="vvs", window=3, skip_interval=3),
+                                    dict(mode="sjd", window=6, rows=3, row_lead=2)])
 @pytest.mark.parametrize("device_step", [False, True])
 def test_images_that_leave_are_the_images_that_rode_along(model, config, device_step):
     events = []
@@ -98,8 +99,6 @@ def test_what_keeps_its_own_per_image_state_rides_along(model):
     ad = model.adapter
     # the similarity schedule decides its skips from the paths of the whole batch, on the host
     assert not SpeculativeDecoder(ad, DecodeConfig(mode="vvs", window=6, schedule="similarity")).leaves
-    # row-parallel drafts' fixed tokens: the report reads them for the whole batch
-    assert not SpeculativeDecoder(ad, DecodeConfig(mode="sjd", window=6, rows=3, row_lead=2)).leaves
     assert not SpeculativeDecoder(ad, DecodeConfig(mode="ar")).leaves  # every image ends at the same step
     assert not SpeculativeDecoder(ad, DecodeConfig(mode="sjd", depth=3), drafter=load_drafter("embedded", model)).leaves
 
