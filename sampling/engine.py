@@ -245,9 +245,10 @@ class SpeculativeDecoder:
         self.device_step = device_step
         # finished images leave the batch (LEAVE_SHARE) where nothing else keeps per-image state (under a
         # uniform schedule too: a finished image has nothing to commit, so it abstains from the batch's skips,
-        # and waits no tokens that would widen its window after one)
-        self.leaves = (bool(config.drafts) and host_bound is None and drafter is None
-                       and getattr(adapter, "drops_samples", False))
+        # and waits no tokens that would widen its window after one); a draft model leaves with them where
+        # its adapter drops samples too (a draft head keeps features of its own: it rides along)
+        self.leaves = (bool(config.drafts) and host_bound is None and getattr(adapter, "drops_samples", False)
+                       and (drafter is None or getattr(drafter, "leaves", False)))
 
     def _host_bound(self, drafter) -> str | None:
         """What in this configuration keeps state of its own per image and step, shaped by lengths
@@ -432,6 +433,8 @@ class SpeculativeDecoder:
                 plan = (m[keep], None if m_host is None else [m_host[b] for b in keep])
             st.leave(keep)
             self.adapter.keep_samples(keep)
+            if self.drafter is not None and hasattr(self.drafter, "keep_samples"):
+                self.drafter.keep_samples(keep)
         return plan
 
     def _read(self, st: DecodeState):

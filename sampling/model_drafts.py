@@ -98,6 +98,19 @@ class ModelDrafts:
     def finish(self) -> None:
         self.running.release()
 
+    @property
+    def leaves(self) -> bool:
+        """Whether finished images may leave the batch: the drafter's adapter drops samples too."""
+        return getattr(self.running, "drops_samples", False)
+
+    def keep_samples(self, keep: list[int]) -> None:
+        """Only the images ``keep`` stay (engine.py, images leaving): the drafter's cache rows and lengths."""
+        self.running.keep_samples(keep)
+        if isinstance(self.cached, torch.Tensor):
+            self.cached = self.cached[keep]
+        else:
+            self.cached = [self.cached[b] for b in keep]
+
     # -- the draft source calls ------------------------------------------------
     def after_verify(self, st: DecodeState, probs, samples, first_new):
         # drafts after the new token were proposed from a rejected prefix: drop them
