@@ -32,7 +32,8 @@ forward.  The only host synchronisation per step is reading the new lengths
 (plus the skip plan); plain AR needs none.
 
 **Finished images leave the batch** (``LEAVE_SHARE``): where the adapter can drop samples
-(``drops_samples``) and nothing but the engine keeps per-image state, once a quarter of
+(``drops_samples``), and a draft source keeps its per-image state in step with it
+(``keep_samples``) or keeps none, once a quarter of
 the batch has finished, their cache rows and state rows go and the forwards narrow
 (``DecodeState.leave``); the report and the result rejoin the whole batch, and step
 events describe it whole.  Every image is the one it would have been riding along.
@@ -243,10 +244,10 @@ class SpeculativeDecoder:
         if device_step and self.device_step_blocker:
             raise ConfigError(f"the step cannot stay on the device: {self.device_step_blocker}")
         self.device_step = device_step
-        # finished images leave the batch (LEAVE_SHARE) where nothing else keeps per-image state (under a
-        # uniform schedule too: a finished image has nothing to commit, so it abstains from the batch's skips,
-        # and waits no tokens that would widen its window after one); a draft model leaves with them where
-        # its adapter drops samples too (a draft head keeps features of its own: it rides along)
+        # finished images leave the batch (LEAVE_SHARE) where nothing else keeps per-image state on the host
+        # (under a uniform schedule too: a finished image has nothing to commit, so it abstains from the batch's
+        # skips, and waits no tokens that would widen its window after one); a draft model or head leaves with
+        # them (keep_samples) where it can (a model: where its adapter drops samples too)
         self.leaves = (bool(config.drafts) and host_bound is None and getattr(adapter, "drops_samples", False)
                        and (drafter is None or getattr(drafter, "leaves", False)))
 

@@ -139,6 +139,17 @@ class HeadDrafts:
         self.cache = self.features = None
         self.target.features = None
 
+    leaves = True  # finished images may leave the batch (engine.py): keep_samples
+
+    def keep_samples(self, keep: list[int]) -> None:
+        """Only the images ``keep`` stay: the head's cache rows (each of its ``rows`` branches), the
+        target features it drafts from, and its lengths."""
+        B = self.features.shape[1]
+        self.cache.keep_rows([r * B + b for r in range(self.rows) for b in keep])
+        self.features = self.features[:, keep]
+        narrow = (lambda t: t[keep]) if isinstance(self.real, torch.Tensor) else (lambda t: [t[b] for b in keep])
+        self.real, self.spec_len = narrow(self.real), narrow(self.spec_len)
+
     # -- the draft source calls ------------------------------------------------
     def after_verify(self, st: DecodeState, probs, samples, first_new):
         feats = self.target.features  # [R, B, L, H] at the window's input positions

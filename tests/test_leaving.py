@@ -100,29 +100,31 @@ def test_what_keeps_its_own_per_image_state_rides_along(model):
     # the similarity schedule decides its skips from the paths of the whole batch, on the host
     assert not SpeculativeDecoder(ad, DecodeConfig(mode="vvs", window=6, schedule="similarity")).leaves
     assert not SpeculativeDecoder(ad, DecodeConfig(mode="ar")).leaves  # every image ends at the same step
-    # a draft head keeps features of its own per image
-    assert not SpeculativeDecoder(ad, DecodeConfig(mode="sjd", depth=3), drafter=load_drafter("embedded", model)).leaves
 
 
-@pytest.mark.parametrize("config", [dict(mode="sjd", depth=3), dict(mode="lantern", depth=2, lantern_k=4),
-                                    dict(mode="vvs", depth=3)])
+@pytest.mark.parametrize("source,config", [
+    ("embedded-sibling", dict(mode="sjd", depth=3)), ("embedded-sibling", dict(mode="lantern", depth=2, lantern_k=4)),
+    ("embedded-sibling", dict(mode="vvs", depth=3)), ("embedded", dict(mode="sjd", depth=3)),
+    ("embedded", dict(mode="lantern", depth=3, tree="static", tree_tokens=12, lantern_k=4)),
+    ("embedded", dict(mode="sjd", depth=3, tree="dynamic", tree_tokens=10))])
 @pytest.mark.parametrize("device_step", [False, True])
-def test_a_draft_model_leaves_with_the_images(model, config, device_step):
-    """A sibling draft model drops the finished images' cache rows with the target's: the same images."""
+def test_a_draft_model_or_head_leaves_with_the_images(model, source, config, device_step):
+    """A sibling draft model, or a draft head, drops the finished images' rows with the target's: the
+    same images."""
     from spec_ar.loaders.detect import load_drafter
 
-    drafter = load_drafter("embedded-sibling", model)
+    drafter = load_drafter(source, model)
     riding = SpeculativeDecoder(model.adapter, DecodeConfig(**config), drafter=drafter, device_step=device_step)
     riding.leaves = False
     leaving = SpeculativeDecoder(model.adapter, DecodeConfig(**config), drafter=drafter, device_step=device_step)
     assert leaving.leaves
     rows = []
-    keep = type(drafter.adapter).keep_samples
-    type(drafter.adapter).keep_samples = lambda self, kept: rows.append(len(kept)) or keep(self, kept)
+    keep = type(drafter).keep_samples
+    type(drafter).keep_samples = lambda self, kept: rows.append(len(kept)) or keep(self, kept)
     try:
         first, second = riding.generate(PROMPTS, seeds=4), leaving.generate(PROMPTS, seeds=4)
     finally:
-        type(drafter.adapter).keep_samples = keep
+        type(drafter).keep_samples = keep
     same(first, second)
     assert rows and rows == sorted(rows, reverse=True) and rows[-1] < 8  # (not vacuous: the drafter's rows went)
 
