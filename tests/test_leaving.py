@@ -94,8 +94,6 @@ def test_the_stand_in_model_too():
 
 
 def test_what_keeps_its_own_per_image_state_rides_along(model):
-    from spec_ar.loaders.detect import load_drafter
-
     ad = model.adapter
     # the similarity schedule decides its skips from the paths of the whole batch, on the host
     assert not SpeculativeDecoder(ad, DecodeConfig(mode="vvs", window=6, schedule="similarity")).leaves
