@@ -165,7 +165,9 @@ class LatentRelaxedAcceptance(ExactAcceptance):
 
     def accept_probs(self, p, q, x):
         nb, _, in_a, mass = self._neighbourhood(p, x)
-        self._window = (p, x, nb, in_a, mass)  # (relax_row reads its row's: the window's rejection comes next)
+        # relax_row reads its row's (the window's rejection comes next); p is known by where it lies, not
+        # held: a decode's distributions are not kept past it by the rule
+        self._window = (x, p.data_ptr(), nb, in_a, mass)
         return self._ratios(p, q, x, mass)
 
     @staticmethod
@@ -180,7 +182,7 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         at = row.unsqueeze(1)
         xr = x.gather(1, at)  # [B, 1]
         seen, self._window = self._window, None
-        if seen is not None and seen[0] is p and seen[1] is x:  # accept_probs' neighbourhoods of this window
+        if seen is not None and seen[0] is x and seen[1] == p.data_ptr():  # accept_probs' of this window
             pick = at.unsqueeze(2).expand(B, 1, self.k)
             nb, in_a = seen[2].gather(1, pick).view(B, self.k), seen[3].gather(1, pick).view(B, self.k)
             mass = seen[4].gather(1, at)
