@@ -89,7 +89,7 @@ from .processing import build_pipeline
 from .report import DecodeReport, build_reports
 from .request import normalize_request
 from .schedule import make_schedule
-from .state import DecodeState, Sizes
+from .state import DecodeState, Sizes, kept
 from .timing import Timer
 from . import window
 
@@ -403,9 +403,9 @@ class SpeculativeDecoder:
                 self._read(st)
                 read = st.step
             self._notify(callback, st)
+            # (not while a trial counts tokens over its batch; a narrower batch would compile anew)
             if self.leaves and (trial is None or not trial.open) and ad.decode_path != "compiled":
-                plan = self._leave(st, plan)  # (a trial counts tokens over its batch; a narrower batch would
-                # compile anew)
+                plan = self._leave(st, plan)
 
         if not st.drafting:
             check_ar(st)
@@ -431,10 +431,10 @@ class SpeculativeDecoder:
         if keep and (st.batch - len(keep)) * LEAVE_SHARE >= st.batch:
             if plan is not None:  # a skip due next: the lengths of the images that stay
                 m, m_host = plan
-                plan = (m[keep], None if m_host is None else [m_host[b] for b in keep])
+                plan = (kept(m, keep), None if m_host is None else kept(m_host, keep))
             st.leave(keep)
             self.adapter.keep_samples(keep)
-            if self.drafter is not None and hasattr(self.drafter, "keep_samples"):
+            if hasattr(self.drafter, "keep_samples"):  # (a draft source that keeps per-image state)
                 self.drafter.keep_samples(keep)
         return plan
 

@@ -37,7 +37,7 @@ from .adapter import ImageAdapter
 from .compact import CompactVocabulary
 from .config import ConfigError
 from .processing import build_pipeline
-from .state import DecodeState
+from .state import DecodeState, kept
 
 
 class HeadDrafts:
@@ -147,8 +147,7 @@ class HeadDrafts:
         B = self.features.shape[1]
         self.cache.keep_rows([r * B + b for r in range(self.rows) for b in keep])
         self.features = self.features[:, keep]
-        narrow = (lambda t: t[keep]) if isinstance(self.real, torch.Tensor) else (lambda t: [t[b] for b in keep])
-        self.real, self.spec_len = narrow(self.real), narrow(self.spec_len)
+        self.real, self.spec_len = kept(self.real, keep), kept(self.spec_len, keep)
 
     # -- the draft source calls ------------------------------------------------
     def after_verify(self, st: DecodeState, probs, samples, first_new):

@@ -40,7 +40,7 @@ from .adapter import ImageAdapter
 from .compact import CompactVocabulary, compact
 from .config import ConfigError
 from .processing import build_pipeline
-from .state import DecodeState
+from .state import DecodeState, kept
 
 
 class ModelDrafts:
@@ -106,10 +106,7 @@ class ModelDrafts:
     def keep_samples(self, keep: list[int]) -> None:
         """Only the images ``keep`` stay (engine.py, images leaving): the drafter's cache rows and lengths."""
         self.running.keep_samples(keep)
-        if isinstance(self.cached, torch.Tensor):
-            self.cached = self.cached[keep]
-        else:
-            self.cached = [self.cached[b] for b in keep]
+        self.cached = kept(self.cached, keep)
 
     # -- the draft source calls ------------------------------------------------
     def after_verify(self, st: DecodeState, probs, samples, first_new):

@@ -383,6 +383,11 @@ def _widen(log: list[tuple], rows: torch.Tensor, B0: int, T: int) -> list[tuple]
             for kind, before, after, flag, new in log]
 
 
+def kept(lengths, keep: list[int]):
+    """Per-sample ``lengths`` (a host list or a device tensor) of the images ``keep`` only."""
+    return lengths[keep] if isinstance(lengths, torch.Tensor) else [lengths[b] for b in keep]
+
+
 def narrowed(t: torch.Tensor, keep: list[int], dim: int = 0) -> torch.Tensor:
     """``t`` with only the slices ``keep`` (sorted) along ``dim``, moved to its first ones in place: a view
     of the same storage, no allocation (a ring of distributions holds batch x slots x vocabulary floats:
