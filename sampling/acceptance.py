@@ -113,15 +113,17 @@ class GroupedAcceptance(ExactAcceptance):
         at_x = x.unsqueeze(-1)
         px = p.gather(-1, at_x)
         diff = p - px
-        # the group: x, then the members' ids by their distance |p(c) - p(x)| from it (inf: no member)
-        members, gaps = [at_x], [torch.zeros_like(px)]
+        # the group: x (its own distance 0, as read), then the members' ids by their distance |p(c) - p(x)|
+        # from it (inf: no member)
+        members, gaps = [at_x], [diff.gather(-1, at_x)]
         inf = float("inf")
         if up:  # smallest positive differences: ranked just above x
             k, i = torch.topk(F.threshold(diff, 0.0, inf), up, dim=-1, largest=False)
             members.append(i)
             gaps.append(k)
-        if down:  # smallest non-negative p(x) - p(c), x excluded: just below
-            below = F.threshold(diff.neg_(), KEEP_NON_NEGATIVE, inf).scatter_(-1, at_x, inf)
+        if down:  # smallest non-negative p(x) - p(c), x excluded: just below (the same ops as above: on this
+            # CPU an operation's first call after a forward costs most of its time)
+            below = F.threshold(torch.sub(px, p, out=diff), KEEP_NON_NEGATIVE, inf).scatter_(-1, at_x, inf)
             k, i = torch.topk(below, down, dim=-1, largest=False)
             members.append(i)
             gaps.append(k)
@@ -165,10 +167,13 @@ class LatentRelaxedAcceptance(ExactAcceptance):
 
     def accept_probs(self, p, q, x):
         nb, _, in_a, mass = self._neighbourhood(p, x)
-        # relax_row reads its row's (the window's rejection comes next); p is known by where it lies, not
-        # held: a decode's distributions are not kept past it by the rule
-        self._window = (x, p.data_ptr(), nb, in_a, mass)
-        return self._ratios(p, q, x, mass)
+        px, qx = _gather(p, x), q.at(x)
+        lifted = px + mass
+        # relax_row reads its row's (the window's rejection comes next): A's ids (x's elsewhere) and the
+        # residual's value at x.  p is known by where it lies, not held: a decode's distributions are not
+        # kept past it by the rule
+        self._window = (x, p.data_ptr(), torch.where(in_a, nb, x.unsqueeze(-1)), lifted - qx)
+        return (lifted / qx).clamp_(max=1.0), (px / qx).clamp_(max=1.0)
 
     @staticmethod
     def _ratios(p, q, x, mass):
@@ -183,21 +188,20 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         xr = x.gather(1, at)  # [B, 1]
         seen, self._window = self._window, None
         if seen is not None and seen[0] is x and seen[1] == p.data_ptr():  # accept_probs' of this window
-            pick = at.unsqueeze(2).expand(B, 1, self.k)
-            nb, in_a = seen[2].gather(1, pick).view(B, self.k), seen[3].gather(1, pick).view(B, self.k)
-            mass = seen[4].gather(1, at)
+            zero_at = seen[2].gather(1, at.unsqueeze(2).expand(B, 1, self.k)).view(B, self.k)
+            lifted = seen[3].gather(1, at)
         else:
             nb, _, in_a, mass = self._neighbourhood(p.gather(1, at.unsqueeze(2).expand(B, 1, V)), xr)
-            nb, in_a = nb.view(B, self.k), in_a.view(B, self.k)
+            zero_at = torch.where(in_a.view(B, self.k), nb.view(B, self.k), xr)
+            lifted = p.view(B, L * V).gather(1, at * V + xr) + mass - q.row_at(at, xr)
         first = at * V  # the row's offset in a sample's flattened window
-        flat_p, flat_res = p.view(B, L * V), res.view(B, L * V)
+        flat_res = res.view(B, L * V)
         where_x = first + xr
         before = flat_res.gather(1, where_x)
-        at_x = (flat_p.gather(1, where_x) + mass - q.row_at(at, xr)).clamp_(min=0.0)
         now = rejected.unsqueeze(1)
         # zero on A (elsewhere a write at x, which the next line sets)
-        flat_res.scatter_(1, torch.where(in_a & now, nb + first, where_x), 0.0)
-        flat_res.scatter_(1, where_x, torch.where(now, at_x, before))
+        flat_res.scatter_(1, torch.where(now, zero_at + first, where_x), 0.0)
+        flat_res.scatter_(1, where_x, torch.where(now, lifted.clamp_(min=0.0), before))
 
     def residual(self, p, q, x):
         nb, pn, in_a, mass = self._neighbourhood(p, x)

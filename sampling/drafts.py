@@ -127,8 +127,8 @@ class JacobiDrafts:
     def after_verify(self, st, probs, samples, first_new):
         pos = st.window_targets  # the positions the window's rows predict
         L = pos.shape[1]
-        tail = st.arange(L).unsqueeze(0) > first_new.unsqueeze(1)
-        inside = None if st.window_width is None else st.arange(L).unsqueeze(0) < st.window_width
+        tail = st.arange(L) > first_new.unsqueeze(1)
+        inside = None if st.window_width is None else st.arange(L) < st.window_width
         if inside is not None:  # (rows past the window's width on the device: not the window's)
             tail &= inside
         old = st.seq.gather(1, pos) if st.window_drafts is None else st.window_drafts
@@ -137,8 +137,8 @@ class JacobiDrafts:
         redrawn = tail & had
         if st.window_near_end:  # (a finished image's window looks past its end)
             redrawn &= pos < st.length
-        st.drafts_redrawn[:, :L] += redrawn
-        st.drafts_kept[:, :L] += redrawn & (new == old)
+        st.drafts_redrawn[:, :L].add_(redrawn)  # (add_ on the view: `+=` on a slice copies it back too)
+        st.drafts_kept[:, :L].add_(redrawn & (new == old))
         st.seq.scatter_(1, pos, torch.where(tail, new, old))
         # the pass's rows become the q of the new drafts; committed positions keep
         # theirs too: sample-left/above draw from them

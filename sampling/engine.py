@@ -573,6 +573,7 @@ class SpeculativeDecoder:
             probs = self.pipeline(self._forward(st, inp, timer), target, st.buffer("probs", L))  # [B, L, V]
         u = st.uniform(rng.VERIFY, target, 2, [c + L + 1 for c in st.host_cached],  # coin, sample
                        [c + 1 for c in st.host_cached])
+        coin = u[..., 0]
         committed_before = st.n_committed
         coupled = self.coupled
         residual_draws = None
@@ -597,9 +598,10 @@ class SpeculativeDecoder:
                 prob, exact_prob = self.rule.accept_probs(probs, q, x)
             else:
                 prob = exact_prob = self.rule.accept_prob(cut(probs), q, cut(x))
-            test = cut(u[..., 0]) < prob
+            test = cut(coin) < prob
         if tested:
-            ok, tp = test[:, :tested], target[:, :-1]
+            ok = test[:, :tested]
+            tp = target[:, :-1] if waiting > 1 or st.any_forced or self.rows or near_end else None
             # committed (post-verified) and forced rows stand without a test
             if waiting > 1:
                 ok = ok | (tp < st.n_committed.unsqueeze(1))
@@ -634,7 +636,7 @@ class SpeculativeDecoder:
             # from the first rejection on: under exact acceptance the test above is the
             # coupling test and one residual pass serves every row.  (Rows before
             # `passed` are never read, so they need not be told apart.)
-            stays = test if self.exact else u[..., 0] < exact_prob
+            stays = test if self.exact else coin < exact_prob
             dense = st.device_step or probs.is_cuda or had.numel() * probs.shape[-1] <= DENSE_RESIDUAL
             # a rule with its own residual (LANTERN) makes its first rejection's row of that pass its own:
             # the row's draw is then the rejection's (the same uniform), with no pass of its own
@@ -652,15 +654,12 @@ class SpeculativeDecoder:
             bad &= target < T
         if width is not None:
             bad &= window < width
-        new_tok = drawn.gather(1, passed.unsqueeze(1))
-        if tested and residual_draws is not None and self.resamples_exactly:
-            # GSD resamples as SJD: the coupled rows' draws are from that residual with the same
-            # uniform, so the first rejection's is the one at its row (without mass: the draft)
-            row = passed.unsqueeze(1)
-            redraw = residual_draws.gather(1, row)
-            redraw = torch.where(redraw < probs.shape[-1], redraw, x.gather(1, row))
-            new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
-        elif tested and not (coupled and self.exact) and relax is None:
+        # GSD resamples as SJD: the coupled rows' draws are from that residual with the same
+        # uniform, so the first rejection's is the one at its row (without mass: the draft)
+        from_draws = tested and residual_draws is not None and self.resamples_exactly
+        new_tok = (torch.where(rejected.unsqueeze(1), residual_draws, drawn) if from_draws
+                   else drawn).gather(1, passed.unsqueeze(1))
+        if tested and not (coupled and self.exact) and relax is None and not from_draws:
             # the first rejection resamples from the rule's residual (same uniform)
             row = passed.clamp(max=tested - 1).unsqueeze(1)
             p_row = probs.gather(1, row.unsqueeze(2).expand(-1, -1, probs.shape[-1])).squeeze(1)
@@ -692,18 +691,18 @@ class SpeculativeDecoder:
         if nodes is not None:
             moved = on_path & (depth > 0)
             st.seq.scatter_(1, torch.where(moved, pos, st.scratch), tokens.gather(1, nodes))
-        stop = base.unsqueeze(1) + passed.unsqueeze(1) + 1
-        st.seq.scatter_(1, torch.where(stop < T, stop, st.scratch) if near_end else stop, new_tok)
-
-        # the cache keeps the input rows that stand
+        # the cache keeps the input rows that stand; the new token lands after them
         keep = passed + 1
-        committed = stop.squeeze(1) + 1
+        at = base + keep
+        stop = at.unsqueeze(1)
+        st.seq.scatter_(1, torch.where(stop < T, stop, st.scratch) if near_end else stop, new_tok)
+        committed = at + 1
         if near_end:
             keep = torch.minimum(keep, (T - base).clamp(min=0))
             committed = committed.clamp(max=T).maximum(committed_before)
-        st.n_cached = base + keep
+        st.n_cached = base + keep if near_end else at
         st.n_committed = committed
-        st.log.append(("V", committed_before, committed, rejected, stop.squeeze(1)))
+        st.log.append(("V", committed_before, committed, rejected, at))
         if st.skips:
             st.produced += committed - committed_before
             st.verified += committed_before < T
@@ -853,7 +852,7 @@ class SpeculativeDecoder:
         falling rows, so rows that keep their draft cost no pass over the
         vocabulary.  Both give the same tokens; ``dense`` is the caller's choice (``_verify``: the step on
         the device draws densely too, as picking rows would read their number on the host).  Also returns the dense
-        path's residual draw of every row (``V`` where it has no mass; None on the other path).  ``relax``
+        path's residual draw of every row (the draft where the residual has no mass; None on the other path).  ``relax``
         (dense path only): ``relax(res, p)`` makes one row per sample the rule's residual."""
         B, L, V = probs.shape
         if dense:
@@ -864,7 +863,8 @@ class SpeculativeDecoder:
                 relax(res, probs)
             drawn = rng.categorical(res, u[..., 1:], st.buffer("cumsum", L), empty="past-end").squeeze(-1)
             # a residual without mass (p and q equal to float precision) keeps the draft
-            return torch.where((had & stays) | (drawn == V), x, drawn), drawn
+            drawn = torch.where(drawn == V, x, drawn)
+            return torch.where(had & stays, x, drawn), drawn
         redo = had & ~stays
         samples = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)
         tokens = torch.where(had, x, samples)
