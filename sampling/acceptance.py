@@ -163,12 +163,12 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         return nb, pn, in_a, (pn * in_a).sum(-1)
 
     def accept_prob(self, p, q, x):
-        return self._ratios(p, q, x, self._neighbourhood(p, x)[3])[0]
+        _, qx, lifted = self._lifted(p, q, x, self._neighbourhood(p, x)[3])
+        return (lifted / qx).clamp_(max=1.0)
 
     def accept_probs(self, p, q, x):
         nb, _, in_a, mass = self._neighbourhood(p, x)
-        px, qx = _gather(p, x), q.at(x)
-        lifted = px + mass
+        px, qx, lifted = self._lifted(p, q, x, mass)
         # relax_row reads its row's (the window's rejection comes next): A's ids (x's elsewhere) and the
         # residual's value at x.  p is known by where it lies, not held: a decode's distributions are not
         # kept past it by the rule
@@ -176,9 +176,10 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         return (lifted / qx).clamp_(max=1.0), (px / qx).clamp_(max=1.0)
 
     @staticmethod
-    def _ratios(p, q, x, mass):
-        px, qx = _gather(p, x), q.at(x)
-        return ((px + mass) / qx).clamp_(max=1.0), (px / qx).clamp_(max=1.0)
+    def _lifted(p, q, x, mass):
+        """``p(x)``, ``q(x)`` and ``p(x) + mass_A``: the ratios' parts."""
+        px = _gather(p, x)
+        return px, q.at(x), px + mass
 
     def relax_row(self, res, p, q: DraftDistributions, x, row, rejected):
         """Row ``row[b]`` of ``res`` (``[B, L, V]``: the window's exact residual ``max(0, p - q)``) made this
@@ -186,6 +187,8 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         B, L, V = p.shape
         at = row.unsqueeze(1)
         xr = x.gather(1, at)  # [B, 1]
+        first = at * V  # the row's offset in a sample's flattened window
+        where_x = first + xr
         seen, self._window = self._window, None
         if seen is not None and seen[0] is x and seen[1] == p.data_ptr():  # accept_probs' of this window
             zero_at = seen[2].gather(1, at.unsqueeze(2).expand(B, 1, self.k)).view(B, self.k)
@@ -193,10 +196,8 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         else:
             nb, _, in_a, mass = self._neighbourhood(p.gather(1, at.unsqueeze(2).expand(B, 1, V)), xr)
             zero_at = torch.where(in_a.view(B, self.k), nb.view(B, self.k), xr)
-            lifted = p.view(B, L * V).gather(1, at * V + xr) + mass - q.row_at(at, xr)
-        first = at * V  # the row's offset in a sample's flattened window
+            lifted = p.view(B, L * V).gather(1, where_x) + mass - q.row_at(at, xr)
         flat_res = res.view(B, L * V)
-        where_x = first + xr
         before = flat_res.gather(1, where_x)
         now = rejected.unsqueeze(1)
         # zero on A (elsewhere a write at x, which the next line sets)
