@@ -145,6 +145,9 @@ class JacobiDrafts:
         if inside is None:
             st.put_rows(st.ring, st.window_slots, probs, st.window_rows)
             end = pos[:, -1] + 1
+            # where the rows end on the host, and the last one's distribution: an extension from there
+            # draws from it (``extend``: the ring's copy, read without a copy of its own)
+            st.source_state["edge"] = ([c + L + 1 for c in st.host_cached], probs[:, L - 1:])
         else:
             st.put_rows(st.ring, torch.where(inside, st.window_slots, st.ring_size), probs)
             end = pos[:, 0] + st.window_width
@@ -182,14 +185,17 @@ class JacobiDrafts:
         whole = span is not None and all(e - d == width for d, e in zip(*span))  # no sample stops short
         valid = None if whole else pos < stop.unsqueeze(1)
         slot = pos % st.ring_size if whole else torch.where(valid, pos % st.ring_size, st.ring_size)
-        starts, stops = span if span is not None else (None, None)
-        u = st.uniform(rng.INIT, pos, 1, upto=stops, first=starts)
+        u = st.extend_uniform(pos)
+        edge = st.source_state.pop("edge", None)
         if self.init == "sample-left" and min(st.host_committed) > st.first_free:
             # the common case, in few ops: every sample has a free position left of
             # ``start``, and its new positions all draw from that position's row
             # (with no forced position every position is free: prev_free[t] is t)
-            src = (st.prev_free[start - 1] if st.any_forced else start - 1).unsqueeze(1)
-            rows = st.rows(st.ring, src % st.ring_size, "init")  # [B, 1, V]
+            if edge is not None and not st.any_forced and span is not None and span[0] == edge[0]:
+                rows = edge[1]  # ``start - 1`` is the last window row's position: its row, at hand
+            else:
+                src = (st.prev_free[start - 1] if st.any_forced else start - 1).unsqueeze(1)
+                rows = st.rows(st.ring, src % st.ring_size, "init")  # [B, 1, V]
             tok = rng.categorical(rows.squeeze(1), u)
             st.put_rows(st.ring, slot, rows)
         else:
@@ -198,6 +204,14 @@ class JacobiDrafts:
             forced = st.forced_at[pos]
             tok = torch.where(forced >= 0, forced, tok)
         st.seq.scatter_(1, pos if whole else torch.where(valid, pos, st.scratch), tok)
+
+    def extends_past_skip(self, st) -> bool:
+        """Whether drafts past a due skip's commit, drawn before it with the skip step's numbers
+        (``DecodeState.extend_uniform``), are the ones the skip's own extension would draw: where each
+        new position's draft depends on its own numbers only, keyed by position and step (random), or on
+        them and one row that both extensions read (sample-left past the first free position: the second's
+        source is a copy of the first's).  Copies and rows above depend on where an extension starts."""
+        return self.init == "random" or (self.init == "sample-left" and min(st.host_committed) > st.first_free)
 
     def _initial(self, st, start, pos, u, slot):
         """Initial drafts for any init, and their q rows: the source row for sampled

@@ -350,6 +350,7 @@ class SpeculativeDecoder:
         st = DecodeState(ad, config, seeds, device, self.geometry,
                          aranges=self.__dict__.setdefault("aranges", {}))  # (a decoder's decodes share them)
         st.device_step = self._steps_on_device(trial)
+        st.settled = trial is None
         if trial is not None:
             st.set_drafts(trial.width)
         if self.rows:
@@ -395,6 +396,7 @@ class SpeculativeDecoder:
                 width = trial.record(window.now() - began, forward, (sum(st.host_committed) - before) / B)
                 if width is not None:
                     st.set_drafts(width)
+                st.settled = not trial.open
             if st.device_step:  # the host reads every READ_EVERY steps, and every step once the batch
                 # could have ended (no forward is spent past it); the callback sees those
                 most = max(st.drafts, self.tree_levels if self.tree else 0) + 1 + st.max_commit  # a step's most tokens
@@ -729,7 +731,9 @@ class SpeculativeDecoder:
             ad.rollback(dropped)  # the rejected rows leave the cache (a device tensor on the device)
         else:  # the window rows that stand (or the walk's path) stay, the tree's other nodes leave
             ad.keep_tree(nodes, kept)
-        self._extend(st)
+        # (a due skip's extension drawn in this one: not on the device, nor under lower rows' drafts, which settle
+        # after the extension and before the skip)
+        self._extend(st, skip=None if st.device_step or self.rows else plan)
         if self.rows:  # the lower rows' draws and drafts (after the window's: see settle_rows)
             settle_rows(st, lower)
         return plan
@@ -891,8 +895,9 @@ class SpeculativeDecoder:
         st.verified_since_skip = 0
         self._extend(st, after_skip=True)
 
-    def _extend(self, st: DecodeState, after_skip: bool = False):
-        """Initialise drafts up to ``n_committed + horizon`` for every sample."""
+    def _extend(self, st: DecodeState, after_skip: bool = False, skip: tuple | None = None):
+        """Initialise drafts up to ``n_committed + horizon`` for every sample (``skip``: the host step's
+        plan of a skip due next, ``(m, m_host)``)."""
         if st.device_step:  # as many positions as the horizon, those past a sample's stop masked
             start = torch.maximum(st.draft_end, st.n_committed)
             stop = (st.n_committed + st.horizon).clamp(max=st.length)
@@ -903,19 +908,27 @@ class SpeculativeDecoder:
                 self.drafter.extend(st, start, stop, width)
             st.draft_end = torch.maximum(start, stop)
         else:
-            self._extend_on_host(st)
+            self._extend_on_host(st, skip)
         if st.fixed is not None:  # a lower row's fixed token is the draft at its position
             torch.where(st.fixed >= 0, st.fixed, st.seq, out=st.seq)
 
-    def _extend_on_host(self, st: DecodeState):
+    def _extend_on_host(self, st: DecodeState, skip: tuple | None = None):
         # never over committed tokens: a source may leave draft_end behind them
         st.host_draft_end = [max(d, c) for d, c in zip(st.host_draft_end, st.host_committed)]
         # no drafts past the image: no window scores them (a draft model would spend forwards on them)
         stop = [min(c + st.horizon, st.length) for c in st.host_committed]
+        st.extend_split, ahead = None, None
+        if (skip is not None and st.settled and any(skip[1])
+                and getattr(self.drafter, "extends_past_skip", lambda st: False)(st)):
+            # a skip is due next: its extension drawn now, past this one's stop with its step's numbers (the
+            # same drafts, one extension a forward instead of two)
+            ahead, st.extend_split = skip[0], (stop, st.step + 1)
+            stop = [min(c + m + st.horizon, st.length) for c, m in zip(st.host_committed, skip[1])]
         width = max(e - d for e, d in zip(stop, st.host_draft_end))
         if width > 0:
             st.draft_end = torch.maximum(st.draft_end, st.n_committed)
-            stop_t = (st.n_committed + st.horizon).clamp(max=st.length)
+            reach = st.n_committed + st.horizon if ahead is None else st.n_committed + ahead + st.horizon
+            stop_t = reach.clamp(max=st.length)
             st.extend_span = (st.host_draft_end, stop)
             self.drafter.extend(st, st.draft_end, stop_t, width)
             st.draft_end = torch.maximum(st.draft_end, stop_t)

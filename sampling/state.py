@@ -34,6 +34,7 @@ name                shape / type                   meaning (R = read, W = write)
                                                    its rows at and past it not the window's (None: all are)
 ``extend_span``     ``(list[int], list[int])``     R in ``extend`` on the host step: each sample's ``start``
                                                    and ``stop`` as the host has them (None on the device step)
+``extend_uniform``  method                         R the numbers of an extension's positions (``extend``)
 ``n_committed``,    int64 ``[B]``, ``list[int]``   R committed prefix length (and host mirror)
 ``host_committed``
 ``n_cached``,       int64 ``[B]``, ``list[int]``   R positions in the adapter's cache
@@ -158,6 +159,10 @@ class DecodeState:
         self.verified_since_skip = 0
         self.window_positions = self.window_targets = self.window_slots = self.window_had = None
         self.window_drafts = self.window_rows = self.extend_span = None
+        # a skip due next whose extension is drawn early (engine._extend_on_host): each sample's position
+        # from which the numbers are the skip step's, and that step
+        self.extend_split: tuple[list[int], int] | None = None
+        self.settled = True  # the window's width stays for the rest of the decode (not while a trial runs)
         self.window_near_end = True
         self.window_width = None
         self.block: rng.UniformBlock | None = None  # random numbers for the next few steps (uniform)
@@ -263,37 +268,53 @@ class DecodeState:
         self.max_commit = drafts + 1 if self.skips else 0
         self.horizon = drafts + self.max_commit
 
-    #: steps a block of random numbers serves (rng.UniformBlock), and the streams it holds
-    BLOCK_STEPS = 8
+    #: steps a block of random numbers serves (rng.UniformBlock), and the streams it holds.  At a window's
+    #: widths a block costs its operations, not its size: 16 steps take as long to hash as 8 (some 0.3 ms on
+    #: this project's CPU after a forward), and are hashed half as often
+    BLOCK_STEPS = 16
     BLOCK_LANES = {rng.VERIFY: 2, rng.INIT: 1}
 
     def uniform(self, stream: int, positions: torch.Tensor, lanes: int = 1,
-                upto: list[int] | None = None, first: list[int] | None = None) -> torch.Tensor:
-        """``rng.uniform(keys, step, stream, positions, lanes)`` for this step.  With ``upto``
+                upto: list[int] | None = None, first: list[int] | None = None,
+                step: int | None = None) -> torch.Tensor:
+        """``rng.uniform(keys, step, stream, positions, lanes)`` for this step (or ``step``).  With ``upto``
         (per sample, a bound on the positions read, on the host) the numbers come from a block
         hashed for several steps at once (``rng.UniformBlock``): the same numbers, fewer
         operations.  Positions ``[B, N]`` at or after the sample's cached prefix; ``first``: the
         positions are ``first[b] + arange(N)`` (then a view of the block where it can be one)."""
+        step = self.step if step is None else step
         if upto is None or self.device_step or positions.dim() != 2 or stream not in self.BLOCK_LANES:
-            return rng.uniform(self.keys, self.step, stream, positions, lanes)
+            return rng.uniform(self.keys, step, stream, positions, lanes)
         block = self.block
-        if block is None or not block.covers(self.step, stream, lanes, upto):
+        if block is None or not block.covers(step, stream, lanes, upto):
             # wide enough for the block's steps: each caches at most a window, and drafts reach a horizon past
             # it; a step has so far moved some tokens on average, and a block that falls short is hashed anew
             reach = self.drafts + 2
-            if self.step > 1:
-                reach = min(reach, 2 * -(-max(self.host_committed) // (self.step - 1)) + 2)
+            if step > 1:
+                reach = min(reach, 2 * -(-max(self.host_committed) // (step - 1)) + 2)
             width = max(u - c for u, c in zip(upto, self.host_cached)) + self.BLOCK_STEPS * reach
             # (no position past the stream is read: a short stream's block stops there)
             width = min(width, max(max(upto), self.seq.shape[1]) - min(self.host_cached))
-            block = self.block = rng.UniformBlock(self.keys, self.step, self.BLOCK_STEPS, list(self.host_cached),
+            block = self.block = rng.UniformBlock(self.keys, step, self.BLOCK_STEPS, list(self.host_cached),
                                                   width, self.BLOCK_LANES)
         if first is not None:
             offsets = {f - lo for f, lo in zip(first, block.lo)}
             n = positions.shape[1]
             if len(offsets) == 1 and min(offsets) + n <= block.width:  # every sample's run starts as far in
-                return block.run(self.step, stream, offsets.pop(), n)
-        return block.take(self.step, stream, positions)
+                return block.run(step, stream, offsets.pop(), n)
+        return block.take(step, stream, positions)
+
+    def extend_uniform(self, positions: torch.Tensor) -> torch.Tensor:
+        """The ``rng.INIT`` numbers of an extension's ``positions`` ``[B, W]`` (a draft source's ``extend``):
+        this step's, and past ``extend_split``'s positions its step's (a due skip's extension drawn early
+        draws what the skip would have)."""
+        starts, stops = self.extend_span if self.extend_span is not None else (None, None)
+        u = self.uniform(rng.INIT, positions, 1, upto=stops, first=starts)
+        if self.extend_split is None:
+            return u
+        at, step = self.extend_split
+        later = self.uniform(rng.INIT, positions, 1, upto=stops, first=starts, step=step)
+        return torch.where(positions < torch.tensor(at, device=positions.device).unsqueeze(1), u, later)
 
     def buffer(self, name: str, rows: int) -> torch.Tensor:
         """A reusable ``[B, rows, V]`` float32 buffer (CPU allocations of this size
