@@ -187,7 +187,7 @@ class JacobiDrafts:
         slot = pos % st.ring_size if whole else torch.where(valid, pos % st.ring_size, st.ring_size)
         u = st.extend_uniform(pos)
         edge = st.source_state.pop("edge", None)
-        if self.init == "sample-left" and min(st.host_committed) > st.first_free:
+        if self._left_is_free(st):
             # the common case, in few ops: every sample has a free position left of
             # ``start``, and its new positions all draw from that position's row
             # (with no forced position every position is free: prev_free[t] is t)
@@ -211,7 +211,12 @@ class JacobiDrafts:
         new position's draft depends on its own numbers only, keyed by position and step (random), or on
         them and one row that both extensions read (sample-left past the first free position: the second's
         source is a copy of the first's).  Copies and rows above depend on where an extension starts."""
-        return self.init == "random" or (self.init == "sample-left" and min(st.host_committed) > st.first_free)
+        return self.init == "random" or self._left_is_free(st)
+
+    def _left_is_free(self, st) -> bool:
+        """Sample-left drafts with a free position left of every sample's start (each extension draws all its
+        positions from that one row)."""
+        return self.init == "sample-left" and min(st.host_committed) > st.first_free
 
     def _initial(self, st, start, pos, u, slot):
         """Initial drafts for any init, and their q rows: the source row for sampled

@@ -927,8 +927,7 @@ class SpeculativeDecoder:
         width = max(e - d for e, d in zip(stop, st.host_draft_end))
         if width > 0:
             st.draft_end = torch.maximum(st.draft_end, st.n_committed)
-            reach = st.n_committed + st.horizon if ahead is None else st.n_committed + ahead + st.horizon
-            stop_t = reach.clamp(max=st.length)
+            stop_t = (st.n_committed + st.horizon + (0 if ahead is None else ahead)).clamp(max=st.length)
             st.extend_span = (st.host_draft_end, stop)
             self.drafter.extend(st, st.draft_end, stop_t, width)
             st.draft_end = torch.maximum(st.draft_end, stop_t)
