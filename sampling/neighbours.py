@@ -45,6 +45,7 @@ class TokenGeometry:
         self.device = device
         self._tables: dict[int, torch.Tensor] = {}
         self._by_id: tuple[int, torch.Tensor | None] | None = None  # (k, the k-table by token id, int64)
+        self._unit: torch.Tensor | None = None  # the vectors at unit length (unit_vec)
 
     @property
     def size(self) -> int:
@@ -53,6 +54,12 @@ class TokenGeometry:
     def vec(self, tokens: torch.Tensor) -> torch.Tensor:
         """Vectors ``[..., D]`` of ``tokens`` (non-image ids read row 0; mask them)."""
         return self.vectors[self.row[tokens].clamp(min=0)]
+
+    def unit_vec(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``vec`` at unit length (cosine similarities: the table normalised once, not each read)."""
+        if self._unit is None:
+            self._unit = torch.nn.functional.normalize(self.vectors, dim=-1)
+        return self._unit[self.row[tokens].clamp(min=0)]
 
     def neighbours(self, k: int) -> torch.Tensor:
         """``[N, k]`` token ids of the ``k`` nearest image tokens of each codebook
@@ -73,7 +80,8 @@ class TokenGeometry:
 
     def nbytes(self) -> int:
         by_id = [] if self._by_id is None or self._by_id[1] is None else [self._by_id[1]]
-        return sum(t.numel() * t.element_size() for t in [*self._tables.values(), *by_id])
+        unit = [] if self._unit is None else [self._unit]
+        return sum(t.numel() * t.element_size() for t in [*self._tables.values(), *by_id, *unit])
 
     def _build(self, k: int, chunk: int = 1024) -> torch.Tensor:
         vec = self.vectors.cpu().numpy().astype(np.float32)

@@ -64,6 +64,7 @@ class SimilaritySkip:
 
     def __init__(self, threshold: float, alpha: float, paths: int, geometry):
         self.threshold, self.alpha, self.paths, self.geometry = threshold, alpha, paths, geometry
+        self._weights: dict = {}
 
     def plan(self, st):
         m = st.commit_lengths()
@@ -87,23 +88,32 @@ class SimilaritySkip:
         return ~valid.any(1) | (score >= self.threshold)
 
     def similarity(self, st, depth: int, m: torch.Tensor) -> torch.Tensor:
-        pos = st.n_committed.unsqueeze(1) + torch.arange(depth, device=m.device)  # [B, D]
+        steps = st.arange(depth)
+        pos = st.n_committed.unsqueeze(1) + steps  # [B, D]
         rows = st.rows(st.ring, pos % st.ring_size, "similarity")  # [B, D, V] draft distributions
-        u = torch.stack([rng.uniform(st.keys, st.step, rng.PATHS + i, pos) for i in range(self.paths - 1)], -1)
+        # (on the host step from the step's block of numbers: the same numbers, fewer operations)
+        upto = None if st.committed_upto is None else [c + depth for c in st.committed_upto]
+        u = torch.stack([st.uniform(rng.PATHS + i, pos, upto=upto) for i in range(self.paths - 1)], -1)
         paths = torch.cat([st.seq.gather(1, pos).unsqueeze(-1), rng.categorical(rows, u)], -1)  # [B, D, P]
-        depth_idx = torch.arange(depth, device=m.device)
-        return self._score(paths, (depth_idx.unsqueeze(0) < m.unsqueeze(1)) & (st.forced_at[pos] < 0))
+        return self._score(paths, (steps.unsqueeze(0) < m.unsqueeze(1)) & (st.forced_at[pos] < 0))
 
     def _score(self, paths: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
         """``sum_l w_l S_l / sum_l w_l`` per sample: ``S_l`` the mean cosine similarity
         over distinct pairs of the ``paths`` ``[B, D, P]`` tokens' codebook vectors at
         depth ``l``, ``w_l = alpha^l`` where ``counted`` ``[B, D]``, else 0."""
-        vec = torch.nn.functional.normalize(self.geometry.vec(paths), dim=-1)  # [B, D, P, E]
+        vec = self.geometry.unit_vec(paths)  # [B, D, P, E]
         gram = vec @ vec.transpose(-1, -2)  # [B, D, P, P]
         n = self.paths
         pair_mean = (gram.sum((-1, -2)) - n) / (n * (n - 1))  # mean over distinct pairs
-        w = (self.alpha ** torch.arange(paths.shape[1], device=paths.device).float()) * counted
+        w = self._depth_weights(paths.shape[1], paths.device) * counted
         return (w * pair_mean).sum(1) / w.sum(1).clamp(min=1e-12)
+
+    def _depth_weights(self, depth: int, device) -> torch.Tensor:
+        """``alpha ** l`` for ``l < depth``, kept (a decode asks for the same depth at every step)."""
+        key = (depth, str(device))
+        if key not in self._weights:
+            self._weights[key] = self.alpha ** torch.arange(depth, device=device).float()
+        return self._weights[key]
 
 
 def make_schedule(name: str, config, geometry):

@@ -56,6 +56,11 @@ With row-parallel drafting (``rows.py``) ``fixed`` (int64 ``[B, length + pad]``,
 none) holds the tokens drawn in lower rows: the engine keeps them in ``seq`` at their
 positions and the window passes them like forced ones; a draft source may read it.
 
+A skipping schedule (``schedule.py``) plans after the verify step's lengths are written and before the
+host reads them: ``committed_upto`` (``list[int]``, None on the step on the device) bounds each committed
+length then, so that it can read numbers at committed positions through ``uniform`` (a block holds the
+streams in ``block_lanes``).
+
 A draft source also keeps ``drafts_redrawn`` / ``drafts_kept`` (int64 ``[B, max_window]``,
 by window row: positions it drafted again after a pass, and how many of those kept their
 draft; their row sums are the report's draft stability; counting by row adds a pass's mask
@@ -166,6 +171,14 @@ class DecodeState:
         self.window_near_end = True
         self.window_width = None
         self.block: rng.UniformBlock | None = None  # random numbers for the next few steps (uniform)
+        # the streams a block holds: the window's and the extensions', and similarity skipping's paths (its
+        # plan reads them every verify step: three hashes of a window's positions, some fifty small operations)
+        self.block_lanes = dict(self.BLOCK_LANES)
+        if sizes.skips and config.verify_schedule == "similarity":
+            self.block_lanes.update({rng.PATHS + i: 1 for i in range(config.skip_paths - 1)})
+        #: the host step: a bound on every sample's committed length once this step has verified (the
+        #: window's base + its width + 1), for numbers read at committed positions before the lengths are
+        self.committed_upto: list[int] | None = None
         # (kind, committed before, committed after, rejected, position of the drawn
         # token) per step: origins, histograms and counts are rebuilt from it once
         # decoding ends (report.build_reports)
@@ -213,7 +226,7 @@ class DecodeState:
         for name in ("host_cached", "host_committed", "host_draft_end"):
             setattr(self, name, [getattr(self, name)[b] for b in keep])
         self.batch = len(keep)
-        self.block = None
+        self.block, self.committed_upto = None, None
         self.source_state = {}  # a draft source's own tensors start again from the state
         self.batch_idx = torch.arange(self.batch, device=self.seq.device).unsqueeze(1)
         self.row_offsets = {}  # (the reusable buffers serve a narrower batch as they are)
@@ -283,7 +296,7 @@ class DecodeState:
         operations.  Positions ``[B, N]`` at or after the sample's cached prefix; ``first``: the
         positions are ``first[b] + arange(N)`` (then a view of the block where it can be one)."""
         step = self.step if step is None else step
-        if upto is None or self.device_step or positions.dim() != 2 or stream not in self.BLOCK_LANES:
+        if upto is None or self.device_step or positions.dim() != 2 or stream not in self.block_lanes:
             return rng.uniform(self.keys, step, stream, positions, lanes)
         block = self.block
         if block is None or not block.covers(step, stream, lanes, upto):
@@ -296,7 +309,7 @@ class DecodeState:
             # (no position past the stream is read: a short stream's block stops there)
             width = min(width, max(max(upto), self.seq.shape[1]) - min(self.host_cached))
             block = self.block = rng.UniformBlock(self.keys, step, self.BLOCK_STEPS, list(self.host_cached),
-                                                  width, self.BLOCK_LANES)
+                                                  width, self.block_lanes)
         if first is not None:
             offsets = {f - lo for f, lo in zip(first, block.lo)}
             n = positions.shape[1]

@@ -105,6 +105,51 @@ def test_similarity_threshold_gates_skipping(model):
     assert res.reports[0].step_kinds == uniform.reports[0].step_kinds
 
 
+@pytest.mark.parametrize("target,extra", [("synthetic", {}), ("synthetic", dict(init="sample-above")),
+                                          ("embedded", dict(proactive=2)), ("embedded", dict(rows=2))])
+def test_similarity_skipping_reads_its_paths_numbers_from_the_steps_block(model, monkeypatch, target, extra):
+    """The paths' numbers come from the host step's block of numbers (state.py, ``block_lanes``), read up to
+    a bound on the lengths the step can reach (``committed_upto``): the decode they give is the one hashing
+    each path's numbers anew gives, skips and tokens, and the bound holds at every plan."""
+    from spec_ar.sampling import rng
+    from spec_ar.sampling.schedule import SimilaritySkip
+    from spec_ar.sampling.state import DecodeState
+
+    if target == "embedded":  # (draft trees beside the window: a model that scores them)
+        from spec_ar.loaders import embedded
+
+        model = embedded.load().adapter
+    prompts = ["a red circle", "a blue square", "a green star"] if target == "embedded" else [0, 1, 2]
+    config = DecodeConfig(mode="vvs", schedule="similarity", skip_threshold=0.3, lantern_k=20, window=5, **extra)
+    read, bounds = [], []
+    take, plan = rng.UniformBlock.take, SimilaritySkip.plan
+    monkeypatch.setattr(rng.UniformBlock, "take", lambda self, step, stream, positions: (
+        read.append(stream), take(self, step, stream, positions))[1])
+
+    def checked(self, st):
+        m = plan(self, st)
+        bounds.append(all(n <= u for n, u in zip(st.n_committed.tolist(), st.committed_upto)))
+        return m
+
+    monkeypatch.setattr(SimilaritySkip, "plan", checked)
+    from_block = SpeculativeDecoder(model, config).generate(prompts, seeds=7)
+    assert read.count(rng.PATHS) == read.count(rng.PATHS + 2) > 0 and rng.PATHS + 3 not in read  # (4 paths)
+    assert bounds and all(bounds)
+    original = DecodeState.__init__
+
+    def no_paths(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.block_lanes = dict(self.BLOCK_LANES)
+
+    monkeypatch.setattr(DecodeState, "__init__", no_paths)
+    read.clear()
+    hashed = SpeculativeDecoder(model, config).generate(prompts, seeds=7)
+    assert rng.PATHS not in read
+    assert torch.equal(from_block.tokens, hashed.tokens)
+    assert [r.step_kinds for r in from_block.reports] == [r.step_kinds for r in hashed.reports]
+    assert sum(r.skipped_verifications for r in hashed.reports) > 0  # (not vacuous: it skipped)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_models(dtype):
     model = SyntheticAdapter(codebook=64, rows=4, cols=4, seed=2, dtype=dtype)
