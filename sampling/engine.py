@@ -710,8 +710,6 @@ class SpeculativeDecoder:
             st.verified += committed_before < T
         st.verified_since_skip += 1
 
-        # (the host step: the most each length can now be, for a plan that reads numbers at committed positions)
-        st.committed_upto = None if st.device_step else [c + L + 1 for c in st.host_cached]
         plan = self.schedule.plan(st)  # (a uniform skip is due by the host's count; on the device its lengths stay)
         if st.device_step:  # the first bad row stays on the device until the host reads (_read)
             first_bad = torch.where(bad.any(1), bad.int().argmax(1), -1)

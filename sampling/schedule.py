@@ -92,7 +92,7 @@ class SimilaritySkip:
         pos = st.n_committed.unsqueeze(1) + steps  # [B, D]
         rows = st.rows(st.ring, pos % st.ring_size, "similarity")  # [B, D, V] draft distributions
         # (on the host step from the step's block of numbers: the same numbers, fewer operations)
-        upto = None if st.committed_upto is None else [c + depth for c in st.committed_upto]
+        upto = st.committed_bound(depth)
         u = torch.stack([st.uniform(rng.PATHS + i, pos, upto=upto) for i in range(self.paths - 1)], -1)
         paths = torch.cat([st.seq.gather(1, pos).unsqueeze(-1), rng.categorical(rows, u)], -1)  # [B, D, P]
         return self._score(paths, (steps.unsqueeze(0) < m.unsqueeze(1)) & (st.forced_at[pos] < 0))
@@ -110,7 +110,7 @@ class SimilaritySkip:
 
     def _depth_weights(self, depth: int, device) -> torch.Tensor:
         """``alpha ** l`` for ``l < depth``, kept (a decode asks for the same depth at every step)."""
-        key = (depth, str(device))
+        key = (depth, device)
         if key not in self._weights:
             self._weights[key] = self.alpha ** torch.arange(depth, device=device).float()
         return self._weights[key]

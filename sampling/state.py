@@ -57,9 +57,9 @@ none) holds the tokens drawn in lower rows: the engine keeps them in ``seq`` at 
 positions and the window passes them like forced ones; a draft source may read it.
 
 A skipping schedule (``schedule.py``) plans after the verify step's lengths are written and before the
-host reads them: ``committed_upto`` (``list[int]``, None on the step on the device) bounds each committed
-length then, so that it can read numbers at committed positions through ``uniform`` (a block holds the
-streams in ``block_lanes``).
+host reads them: ``committed_bound()`` (None on the step on the device) bounds each committed length then,
+so that it can read numbers at committed positions through ``uniform`` (a block holds the streams in
+``block_lanes``).
 
 A draft source also keeps ``drafts_redrawn`` / ``drafts_kept`` (int64 ``[B, max_window]``,
 by window row: positions it drafted again after a pass, and how many of those kept their
@@ -176,9 +176,6 @@ class DecodeState:
         self.block_lanes = dict(self.BLOCK_LANES)
         if sizes.skips and config.verify_schedule == "similarity":
             self.block_lanes.update({rng.PATHS + i: 1 for i in range(config.skip_paths - 1)})
-        #: the host step: a bound on every sample's committed length once this step has verified (the
-        #: window's base + its width + 1), for numbers read at committed positions before the lengths are
-        self.committed_upto: list[int] | None = None
         # (kind, committed before, committed after, rejected, position of the drawn
         # token) per step: origins, histograms and counts are rebuilt from it once
         # decoding ends (report.build_reports)
@@ -226,7 +223,7 @@ class DecodeState:
         for name in ("host_cached", "host_committed", "host_draft_end"):
             setattr(self, name, [getattr(self, name)[b] for b in keep])
         self.batch = len(keep)
-        self.block, self.committed_upto = None, None
+        self.block = None
         self.source_state = {}  # a draft source's own tensors start again from the state
         self.batch_idx = torch.arange(self.batch, device=self.seq.device).unsqueeze(1)
         self.row_offsets = {}  # (the reusable buffers serve a narrower batch as they are)
@@ -316,6 +313,15 @@ class DecodeState:
             if len(offsets) == 1 and min(offsets) + n <= block.width:  # every sample's run starts as far in
                 return block.run(step, stream, offsets.pop(), n)
         return block.take(step, stream, positions)
+
+    def committed_bound(self, past: int = 0) -> list[int] | None:
+        """On the host step, from a verify step on: a bound on each sample's committed length plus ``past``
+        (a window commits at most its width + 1 past its base, which the host knows before it reads the
+        lengths); None on the step on the device, whose host lengths may lag, or before a window."""
+        if self.device_step or self.window_positions is None:
+            return None
+        reach = self.window_positions.shape[1] + 1 + past
+        return [c + reach for c in self.host_cached]
 
     def extend_uniform(self, positions: torch.Tensor) -> torch.Tensor:
         """The ``rng.INIT`` numbers of an extension's ``positions`` ``[B, W]`` (a draft source's ``extend``):

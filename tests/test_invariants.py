@@ -109,7 +109,7 @@ def test_similarity_threshold_gates_skipping(model):
                                           ("embedded", dict(proactive=2)), ("embedded", dict(rows=2))])
 def test_similarity_skipping_reads_its_paths_numbers_from_the_steps_block(model, monkeypatch, target, extra):
     """The paths' numbers come from the host step's block of numbers (state.py, ``block_lanes``), read up to
-    a bound on the lengths the step can reach (``committed_upto``): the decode they give is the one hashing
+    a bound on the lengths the step can reach (``committed_bound``): the decode they give is the one hashing
     each path's numbers anew gives, skips and tokens, and the bound holds at every plan."""
     from spec_ar.sampling import rng
     from spec_ar.sampling.schedule import SimilaritySkip
@@ -128,7 +128,7 @@ def test_similarity_skipping_reads_its_paths_numbers_from_the_steps_block(model,
 
     def checked(self, st):
         m = plan(self, st)
-        bounds.append(all(n <= u for n, u in zip(st.n_committed.tolist(), st.committed_upto)))
+        bounds.append(all(n <= u for n, u in zip(st.n_committed.tolist(), st.committed_bound())))
         return m
 
     monkeypatch.setattr(SimilaritySkip, "plan", checked)
