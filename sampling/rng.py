@@ -4,9 +4,11 @@ Every random draw of the engine is a pure function of the sample's own seed, the
 decoding step, what the number is for (the stream) and the token position.  Two
 consequences users can rely on:
 
-* image ``b`` of a batch is the image a batch of one gives with seed ``seeds[b]``
+* image ``b`` of a batch draws the numbers a batch of one draws with seed ``seeds[b]``
   (no shared generator couples the samples; the one exception is VVS skipping,
-  where a batch skips its verifications together), and
+  where a batch skips its verifications together), so it is that image wherever the
+  forward gives a row the same logits in any batch (float kernels may round a row
+  differently at another batch size, and a near tie then parts the two), and
 * seeds are integers of any size, taken modulo 2**64;
 * two modes that make the same decisions draw the same numbers, so on chains of
   drafts (Jacobi windows, a draft model's or a head's chain) ``gsd`` with ``G = 1``

@@ -82,8 +82,6 @@ def test_the_next_batch_starts_whole_again(model):
     a = decoder.generate(PROMPTS, seeds=5)
     b = decoder.generate(PROMPTS, seeds=5)  # the adapter's cache rows were narrowed by the first
     assert torch.equal(a.tokens, b.tokens)
-    alone = SpeculativeDecoder(model.adapter, DecodeConfig(mode="sjd", window=6)).generate(PROMPTS[3:4], seeds=8)
-    assert torch.equal(alone.tokens[0], a.tokens[3])  # image b of a batch is the batch of one with seed s + b
 
 
 def test_the_stand_in_model_too():
@@ -91,6 +89,11 @@ def test_the_stand_in_model_too():
     first, second, widths = both(ad, DecodeConfig(mode="sjd", window=4), list(range(8)), 3)
     same(first, second)
     assert widths[-1] < 8
+    # image b of a batch that left is the batch of one with seed s + b: checked on the stand-in, whose
+    # forward gives a row the same logits in any batch (the embedded model's float matmuls need not: on
+    # an AVX-512 CPU a row of a batch of 8 and of 1 differ in the last bits, and a near tie can flip)
+    alone = SpeculativeDecoder(ad, DecodeConfig(mode="sjd", window=4)).generate([3], seeds=6)
+    assert torch.equal(alone.tokens[0], second.tokens[3])
 
 
 def test_what_keeps_its_own_per_image_state_rides_along(model):
