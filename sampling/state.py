@@ -283,6 +283,11 @@ class DecodeState:
     #: this project's CPU after a forward), and are hashed half as often
     BLOCK_STEPS = 16
     BLOCK_LANES = {rng.VERIFY: 2, rng.INIT: 1}
+    #: the most hashes a block may take (streams x samples x steps x positions).  A wide batch's block
+    #: costs its size (some 28 ns a hash here): at the exactness checks' batch of 30 000 a block took 0.69 s
+    #: where the steps it served hash their own in 3 ms each.  The product's batches stay under it (the
+    #: embedded model's batch of 32 decoded faster with its blocks than hashing each step's numbers)
+    BLOCK_HASHES = 1 << 20
 
     def uniform(self, stream: int, positions: torch.Tensor, lanes: int = 1,
                 upto: list[int] | None = None, first: list[int] | None = None,
@@ -305,6 +310,8 @@ class DecodeState:
             width = max(u - c for u, c in zip(upto, self.host_cached)) + self.BLOCK_STEPS * reach
             # (no position past the stream is read: a short stream's block stops there)
             width = min(width, max(max(upto), self.seq.shape[1]) - min(self.host_cached))
+            if len(self.block_lanes) * len(upto) * self.BLOCK_STEPS * width > self.BLOCK_HASHES:
+                return rng.uniform(self.keys, step, stream, positions, lanes)
             block = self.block = rng.UniformBlock(self.keys, step, self.BLOCK_STEPS, list(self.host_cached),
                                                   width, self.block_lanes)
         if first is not None:

@@ -150,6 +150,26 @@ def test_similarity_skipping_reads_its_paths_numbers_from_the_steps_block(model,
     assert sum(r.skipped_verifications for r in hashed.reports) > 0  # (not vacuous: it skipped)
 
 
+@pytest.mark.parametrize("name", ["sjd", "sjd-sample-above", "vvs-similarity", "gsd+vvs"])
+def test_a_batch_too_wide_for_a_block_hashes_each_steps_own_numbers_and_the_same(model, monkeypatch, name):
+    """Past ``BLOCK_HASHES`` (a batch of thousands) a step hashes its own numbers: the same numbers, so the
+    same decode, without a block ever made."""
+    from spec_ar.sampling import rng
+    from spec_ar.sampling.state import DecodeState
+
+    made = []
+    init = rng.UniformBlock.__init__
+    monkeypatch.setattr(rng.UniformBlock, "__init__", lambda self, *a: (made.append(a[3]), init(self, *a))[1])
+    blocked, _ = run(model, CONFIGS[name])
+    assert made  # (not vacuous: this batch takes blocks)
+    made.clear()
+    monkeypatch.setattr(DecodeState, "BLOCK_HASHES", 0)
+    hashed, _ = run(model, CONFIGS[name])
+    assert not made
+    assert torch.equal(blocked.tokens, hashed.tokens)
+    assert [r.step_kinds for r in blocked.reports] == [r.step_kinds for r in hashed.reports]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_models(dtype):
     model = SyntheticAdapter(codebook=64, rows=4, cols=4, seed=2, dtype=dtype)
