@@ -21,10 +21,24 @@ def model():
     return embedded.load()
 
 
-def both(adapter, config, conditions, seeds, device_step=False, events=None):
-    """The batch riding along, then leaving: results, and the batch sizes each forward of the second saw."""
-    riding = SpeculativeDecoder(adapter, config, device_step=device_step)
-    riding.leaves = False
+@pytest.fixture(scope="module")
+def ridden():
+    """The batches riding along to their ends, by test case, decoded once on the host step: the step on the
+    device gives the host step's images and reports (test_device_step.py), so one serves both step kinds."""
+    return {}
+
+
+def riding(adapter, config, conditions, seeds, drafter=None):
+    """The batch decoded with no image leaving (the host step)."""
+    decoder = SpeculativeDecoder(adapter, config, drafter=drafter)
+    decoder.leaves = False
+    return decoder.generate(conditions, seeds=seeds)
+
+
+def both(adapter, config, conditions, seeds, device_step=False, events=None, first=None):
+    """The batch riding along (``first``, if decoded already), then leaving: results, and the batch sizes
+    each forward of the second saw."""
+    first = riding(adapter, config, conditions, seeds) if first is None else first
     leaving = SpeculativeDecoder(adapter, config, device_step=device_step)
     assert leaving.leaves
     widths = []
@@ -34,7 +48,6 @@ def both(adapter, config, conditions, seeds, device_step=False, events=None):
         widths.append(tokens.shape[0])
         return (forward if not rest else tree)(self, tokens, *rest)
 
-    first = riding.generate(conditions, seeds=seeds)
     type(adapter).forward = counted
     if tree is not None:  # (proactive drafts score a tree beside the window)
         type(adapter).forward_tree = counted
@@ -63,9 +76,12 @@ def same(first, second):
                                     dict(mode="vvs", window=3, skip_interval=3),
                                     dict(mode="sjd", window=6, rows=3, row_lead=2)])
 @pytest.mark.parametrize("device_step", [False, True])
-def test_images_that_leave_are_the_images_that_rode_along(model, config, device_step):
+def test_images_that_leave_are_the_images_that_rode_along(model, ridden, config, device_step):
     events = []
-    first, second, widths = both(model.adapter, DecodeConfig(**config), PROMPTS, 11, device_step, events)
+    if repr(config) not in ridden:
+        ridden[repr(config)] = riding(model.adapter, DecodeConfig(**config), PROMPTS, 11)
+    first, second, widths = both(model.adapter, DecodeConfig(**config), PROMPTS, 11, device_step, events,
+                                 ridden[repr(config)])
     same(first, second)
     # not vacuous: the images ended apart and the forwards narrowed in steps of a quarter or more
     assert widths[0] == 8 and widths[-1] < 8 and widths == sorted(widths, reverse=True)
@@ -109,24 +125,25 @@ def test_what_keeps_its_own_per_image_state_rides_along(model):
     ("embedded", dict(mode="lantern", depth=3, tree="static", tree_tokens=12, lantern_k=4)),
     ("embedded", dict(mode="sjd", depth=3, tree="dynamic", tree_tokens=10))])
 @pytest.mark.parametrize("device_step", [False, True])
-def test_a_draft_model_or_head_leaves_with_the_images(model, source, config, device_step):
+def test_a_draft_model_or_head_leaves_with_the_images(model, ridden, source, config, device_step):
     """A sibling draft model, or a draft head, drops the finished images' rows with the target's: the
     same images."""
     from spec_ar.loaders.detect import load_drafter
 
     drafter = load_drafter(source, model)
-    riding = SpeculativeDecoder(model.adapter, DecodeConfig(**config), drafter=drafter, device_step=device_step)
-    riding.leaves = False
+    key = f"{source} {config}"
+    if key not in ridden:
+        ridden[key] = riding(model.adapter, DecodeConfig(**config), PROMPTS, 4, drafter)
     leaving = SpeculativeDecoder(model.adapter, DecodeConfig(**config), drafter=drafter, device_step=device_step)
     assert leaving.leaves
     rows = []
     keep = type(drafter).keep_samples
     type(drafter).keep_samples = lambda self, kept: rows.append(len(kept)) or keep(self, kept)
     try:
-        first, second = riding.generate(PROMPTS, seeds=4), leaving.generate(PROMPTS, seeds=4)
+        second = leaving.generate(PROMPTS, seeds=4)
     finally:
         type(drafter).keep_samples = keep
-    same(first, second)
+    same(ridden[key], second)
     assert rows and rows == sorted(rows, reverse=True) and rows[-1] < 8  # (not vacuous: the drafter's rows went)
 
 
