@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -93,7 +94,8 @@ def weight_bytes(folder) -> int:
 def written(request, tmp_path_factory):
     loader, write = LAYOUTS[request.param]
     folder = write(tmp_path_factory.mktemp("memory") / request.param)
-    return request.param, loader, folder
+    yield request.param, loader, folder
+    shutil.rmtree(folder.parent)  # 300 MB a layout: gone before the next is written
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the peak from Linux's /proc")
