@@ -41,11 +41,15 @@ def test_ancestors_and_depths_of_a_tree():
     assert depths(chain(1, 4)).tolist() == [[0, 1, 2, 3]]
 
 
-def adapters():
-    """Fresh adapters of each family (a function: each test starts from its own prefill)."""
-    import pathlib
-    import tempfile
+#: each family's conditions (two samples)
+CONDITIONS = {"llamagen": [2, 7], "janus": ["a cat", "a red house on a hill"],
+              "chameleon": ["a fox", "a red panda eating bamboo"], "emu3": ["a dog", "two cats on a sofa"]}
 
+
+@pytest.fixture(scope="module")
+def makers(tmp_path_factory):
+    """Each family's adapter, as a function (each test starts from its own prefill); built when the
+    module's tests run, not when the suite is collected."""
     from spec_ar.loaders import chameleon, emu3, janus
 
     from .chameleon_files import write_chameleon
@@ -54,19 +58,18 @@ def adapters():
 
     torch.manual_seed(0)
     gpt = random_gpt(tiny_gpt_spec("c2i"), seed=3)
-    yield "llamagen", lambda: llamagen.LlamaGenAdapter(gpt, 4), [2, 7]
-    d = pathlib.Path(tempfile.mkdtemp(prefix="trees"))
+    d = tmp_path_factory.mktemp("trees")
     model, tok = tiny_janus(seed=1)
     jan = janus.load(write_janus(d / "janus", model, tok))
-    yield "janus", lambda: jan.adapter, ["a cat", "a red house on a hill"]
     cham = chameleon.load(write_chameleon(d / "anole", "anole", seed=1))
-    yield "chameleon", lambda: cham.adapter, ["a fox", "a red panda eating bamboo"]
     emu = emu3.load(write_emu3(d / "emu3"), resolution=64)
-    yield "emu3", lambda: emu.adapter, ["a dog", "two cats on a sofa"]
+    return {"llamagen": lambda: llamagen.LlamaGenAdapter(gpt, 4), "janus": lambda: jan.adapter,
+            "chameleon": lambda: cham.adapter, "emu3": lambda: emu.adapter}
 
 
-@pytest.mark.parametrize("family, make, conditions", list(adapters()), ids=lambda x: x if isinstance(x, str) else "")
-def test_tree_logits_equal_chain_logits_on_every_path(family, make, conditions):
+@pytest.mark.parametrize("family", list(CONDITIONS))
+def test_tree_logits_equal_chain_logits_on_every_path(makers, family):
+    make, conditions = makers[family], CONDITIONS[family]
     B = len(conditions)
     ad = make()
     tokens, prefix = image_tokens(ad, PARENTS.shape), image_tokens(ad, (B, 3))
@@ -83,8 +86,9 @@ def test_tree_logits_equal_chain_logits_on_every_path(family, make, conditions):
             torch.testing.assert_close(tree[:, b, path], expect, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("family, make, conditions", list(adapters()), ids=lambda x: x if isinstance(x, str) else "")
-def test_after_keeping_a_path_and_rolling_back_the_cache_is_the_chains(family, make, conditions):
+@pytest.mark.parametrize("family", list(CONDITIONS))
+def test_after_keeping_a_path_and_rolling_back_the_cache_is_the_chains(makers, family):
+    make, conditions = makers[family], CONDITIONS[family]
     B = len(conditions)
     ad = make()
     tokens, prefix, more = image_tokens(ad, PARENTS.shape), image_tokens(ad, (B, 3)), image_tokens(ad, (B, 2))
