@@ -21,18 +21,25 @@ def model():
     return embedded.load()
 
 
-@pytest.fixture(scope="module")
-def ridden():
-    """The batches riding along to their ends, by test case, decoded once on the host step: the step on the
-    device gives the host step's images and reports (test_device_step.py), so one serves both step kinds."""
-    return {}
-
-
 def riding(adapter, config, conditions, seeds, drafter=None):
     """The batch decoded with no image leaving (the host step)."""
     decoder = SpeculativeDecoder(adapter, config, drafter=drafter)
     decoder.leaves = False
     return decoder.generate(conditions, seeds=seeds)
+
+
+@pytest.fixture(scope="module")
+def ridden():
+    """:func:`riding`, decoded once a setting (``key``) on the host step: the step on the device gives the
+    host step's images and reports (test_device_step.py), so one decode serves both step kinds."""
+    decoded = {}
+
+    def once(key, *args, **kwargs):
+        if key not in decoded:
+            decoded[key] = riding(*args, **kwargs)
+        return decoded[key]
+
+    return once
 
 
 def both(adapter, config, conditions, seeds, device_step=False, events=None, first=None):
@@ -78,10 +85,8 @@ def same(first, second):
 @pytest.mark.parametrize("device_step", [False, True])
 def test_images_that_leave_are_the_images_that_rode_along(model, ridden, config, device_step):
     events = []
-    if repr(config) not in ridden:
-        ridden[repr(config)] = riding(model.adapter, DecodeConfig(**config), PROMPTS, 11)
-    first, second, widths = both(model.adapter, DecodeConfig(**config), PROMPTS, 11, device_step, events,
-                                 ridden[repr(config)])
+    first = ridden(repr(config), model.adapter, DecodeConfig(**config), PROMPTS, 11)
+    first, second, widths = both(model.adapter, DecodeConfig(**config), PROMPTS, 11, device_step, events, first)
     same(first, second)
     # not vacuous: the images ended apart and the forwards narrowed in steps of a quarter or more
     assert widths[0] == 8 and widths[-1] < 8 and widths == sorted(widths, reverse=True)
@@ -131,9 +136,7 @@ def test_a_draft_model_or_head_leaves_with_the_images(model, ridden, source, con
     from spec_ar.loaders.detect import load_drafter
 
     drafter = load_drafter(source, model)
-    key = f"{source} {config}"
-    if key not in ridden:
-        ridden[key] = riding(model.adapter, DecodeConfig(**config), PROMPTS, 4, drafter)
+    first = ridden(f"{source} {config}", model.adapter, DecodeConfig(**config), PROMPTS, 4, drafter)
     leaving = SpeculativeDecoder(model.adapter, DecodeConfig(**config), drafter=drafter, device_step=device_step)
     assert leaving.leaves
     rows = []
@@ -143,7 +146,7 @@ def test_a_draft_model_or_head_leaves_with_the_images(model, ridden, source, con
         second = leaving.generate(PROMPTS, seeds=4)
     finally:
         type(drafter).keep_samples = keep
-    same(ridden[key], second)
+    same(first, second)
     assert rows and rows == sorted(rows, reverse=True) and rows[-1] < 8  # (not vacuous: the drafter's rows went)
 
 
