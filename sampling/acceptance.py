@@ -28,11 +28,11 @@ class DraftDistributions:
     engine's per-sample ring of distributions (no ``[B, L, V]`` copy is made)."""
 
     def __init__(self, ring: torch.Tensor, slots: torch.Tensor, batch_idx: torch.Tensor | None = None,
-                 rows: torch.Tensor | None = None):
+                 rows: torch.Tensor | None = None, starts: torch.Tensor | None = None):
         self.ring, self.slots = ring, slots  # [B, R, V], [B, N]
         self.batch = torch.arange(ring.shape[0], device=ring.device).unsqueeze(1) if batch_idx is None else batch_idx
-        # rows: the slots' rows of the flattened ring [B * R, V], where the caller has them
-        self._starts = None if rows is None else rows * ring.shape[2]
+        # rows: the slots' rows of the flattened ring [B * R, V], where the caller has them (or their starts)
+        self._starts = starts if starts is not None or rows is None else rows * ring.shape[2]
 
     def starts(self) -> torch.Tensor:
         """Where each draft's row starts in the flattened ring ``[B, N]``."""

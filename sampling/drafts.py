@@ -127,6 +127,8 @@ class JacobiDrafts:
     def after_verify(self, st, probs, samples, first_new):
         pos = st.window_targets  # the positions the window's rows predict
         L = pos.shape[1]
+        if st.scalar:
+            return self._after_verify_on_host(st, probs, samples, L)
         tail = st.arange(L) > first_new.unsqueeze(1)
         inside = None if st.window_width is None else st.arange(L) < st.window_width
         if inside is not None:  # (rows past the window's width on the device: not the window's)
@@ -155,6 +157,28 @@ class JacobiDrafts:
         st.informed_end = torch.maximum(st.informed_end, end)
         st.host_draft_end = [max(d, c + L + 1) for d, c in zip(st.host_draft_end, st.host_cached)]
 
+    def _after_verify_on_host(self, st, probs, samples, L):
+        """``after_verify`` for a batch of one on the host step (``st.scalar``): the same drafts, counts and
+        rows, the rows' spans from host numbers (``st.window_passed``: the row of the new token)."""
+        pos, c0, k = st.window_targets, st.host_cached[0], st.window_passed
+        old = st.seq.gather(1, pos) if st.window_drafts is None else st.window_drafts
+        new = self._gumbel(st, probs, pos, L) if self.coupling == "gumbel" else samples
+        # re-drafted: the rows after k that held a draft before this pass, inside the image
+        end = min(L, st.host_draft_end[0] - c0 - 1, st.length - c0 - 1 if st.window_near_end else L)
+        if end > k + 1:
+            st.drafts_redrawn[:, k + 1:end].add_(1)
+            st.drafts_kept[:, k + 1:end].add_(new[:, k + 1:end] == old[:, k + 1:end])
+        if k + 1 < L:  # (rows up to k keep their tokens)
+            st.seq[:, c0 + k + 2:c0 + L + 1] = new[:, k + 1:]
+        st.put_span(st.ring, c0 + 1, L, probs)
+        end = c0 + L + 1
+        st.source_state["edge"] = ([end], probs[:, L - 1:])
+        st.host_draft_end = [max(st.host_draft_end[0], end)]
+        st.draft_end = st.count(st.host_draft_end[0])
+        counts = st.scalar_counts
+        counts["informed_end"] = max(counts["informed_end"], end)
+        st.informed_end = st.count(counts["informed_end"])
+
     @staticmethod
     def _gumbel(st, probs, pos, L):
         V = probs.shape[-1]
@@ -180,11 +204,14 @@ class JacobiDrafts:
     def extend(self, st, start: torch.Tensor, stop: torch.Tensor, width: int):
         """Fresh drafts at positions ``[start[b], stop[b])``; writes past a sample's
         ``stop`` go to scratch storage nothing reads."""
-        pos = start.unsqueeze(1) + st.arange(width)
         span = st.extend_span  # on the host step, start and stop as the host has them
         whole = span is not None and all(e - d == width for d, e in zip(*span))  # no sample stops short
-        valid = None if whole else pos < stop.unsqueeze(1)
-        slot = pos % st.ring_size if whole else torch.where(valid, pos % st.ring_size, st.ring_size)
+        if st.scalar and whole:  # (views: state.py)
+            pos, slot, valid = st.span(span[0][0], width), st.span_slots(span[0][0], width), None
+        else:
+            pos = start.unsqueeze(1) + st.arange(width)
+            valid = None if whole else pos < stop.unsqueeze(1)
+            slot = pos % st.ring_size if whole else torch.where(valid, pos % st.ring_size, st.ring_size)
         u = st.extend_uniform(pos)
         edge = st.source_state.pop("edge", None)
         if self._left_is_free(st):
@@ -193,11 +220,16 @@ class JacobiDrafts:
             # (with no forced position every position is free: prev_free[t] is t)
             if edge is not None and not st.any_forced and span is not None and span[0] == edge[0]:
                 rows = edge[1]  # ``start - 1`` is the last window row's position: its row, at hand
+            elif st.scalar and not st.any_forced:  # (the ring's row itself: nothing writes it meanwhile)
+                rows = st.ring_span(st.ring, span[0][0] - 1, 1)[0].unsqueeze(0)
             else:
                 src = (st.prev_free[start - 1] if st.any_forced else start - 1).unsqueeze(1)
                 rows = st.rows(st.ring, src % st.ring_size, "init")  # [B, 1, V]
             tok = rng.categorical(rows.squeeze(1), u)
-            st.put_rows(st.ring, slot, rows)
+            if st.scalar and valid is None:
+                st.put_span(st.ring, span[0][0], width, rows)
+            else:
+                st.put_rows(st.ring, slot, rows)
         else:
             tok = self._initial(st, start, pos, u, slot)
         if st.any_forced:

@@ -94,6 +94,10 @@ from .timing import Timer
 from . import window
 
 DENSE_RESIDUAL = 1 << 17  # CPU: window rows x vocabulary up to which every row's residual is drawn
+#: a batch of one on the host step keeps its lengths as host numbers and cuts its positions, slots and row
+#: masks from the state's tables (``DecodeState.scalar``): some 25 fewer small operations a forward, the
+#: same tokens
+SCALAR_STEP = True
 #: the step on the device: verify steps between the host's reads of the lengths (an image that
 #: ends first rides along, committing nothing, as on the host step; near the end it reads every step)
 READ_EVERY = 8
@@ -350,6 +354,8 @@ class SpeculativeDecoder:
         st = DecodeState(ad, config, seeds, device, self.geometry,
                          aranges=self.__dict__.setdefault("aranges", {}))  # (a decoder's decodes share them)
         st.device_step = self._steps_on_device(trial)
+        st.scalar = (SCALAR_STEP and B == 1 and not st.device_step and type(self.drafter) is JacobiDrafts
+                     and not self.proactive and not self.rows)
         st.settled = trial is None
         if trial is not None:
             st.set_drafts(trial.width)
@@ -368,6 +374,8 @@ class SpeculativeDecoder:
         st.produced += 1
         st.verified += 1
         st.host_committed = [1] * B
+        if st.scalar:
+            st.scalar_counts.update(committed=1, informed_end=0, produced=1, verified=1)
         if st.drafting:
             st.ring[:, 0] = probs[:, 0]  # position 0's p: sample-left draws from it
             st.draft_end += 1
@@ -539,10 +547,17 @@ class SpeculativeDecoder:
             near_end = max(st.host_cached) + L >= T  # some window rows predict past the image
         base = st.n_cached
         window = st.arange(L)
-        pos = base.unsqueeze(1) + window  # input positions [B, L]
+        scalar = st.scalar  # a batch of one on the host step: lengths as host numbers (state.py)
+        if scalar:
+            c0 = st.host_cached[0]
+            pos, target = st.span(c0, L), st.span(c0 + 1, L)
+        else:
+            pos = base.unsqueeze(1) + window  # input positions [B, L]
+            target = pos + 1  # row j predicts position base + j + 1
         st.window_positions = pos
-        inp = st.seq.gather(1, pos)
-        target = pos + 1  # row j predicts position base + j + 1
+        # (a batch of one: the window's inputs and the drafts its rows judge, one copy of one span)
+        tokens_in = st.seq[:, c0:c0 + L + 1].clone() if scalar else None
+        inp = tokens_in[:, :L] if scalar else st.seq.gather(1, pos)
         # proactive drafting: alternatives below the newest committed token (row r0)
         levels = min(self.config.proactive_depth - 1, L - waiting) if self.proactive else 0
         if levels > 0:
@@ -584,10 +599,13 @@ class SpeculativeDecoder:
         # rows 0..L-2 the window's own next input; coupled drafting judges the last
         # row's draft too (the test is its coupling test, see below)
         tested = L - 1
-        slots = target % st.ring_size
         judged = L if coupled else tested  # (coupled: the last row's draft too, for the coupling's q)
-        x = st.seq.gather(1, target) if coupled else inp[:, 1:]
-        had = target < st.draft_end.unsqueeze(1)  # the row's position holds a draft from before this pass
+        x = (tokens_in[:, 1:] if scalar else st.seq.gather(1, target)) if coupled else inp[:, 1:]
+        if scalar:
+            slots, had = st.span_slots(c0 + 1, L), st.first_rows(st.host_draft_end[0] - c0 - 1, L)
+        else:
+            slots = target % st.ring_size
+            had = target < st.draft_end.unsqueeze(1)  # the row's position holds a draft from before this pass
         ring_rows = st.ring_rows(st.ring, slots)  # the slots' rows in the flattened ring
         # what the draft source reads of this window (state.py)
         st.window_targets, st.window_slots, st.window_had = target, slots, had
@@ -595,13 +613,16 @@ class SpeculativeDecoder:
         st.window_width = width
         if judged:
             cut = (lambda t: t) if judged == L else (lambda t: t[:, :judged])
-            q = DraftDistributions(st.ring, cut(slots), st.batch_idx, cut(ring_rows))
+            q = DraftDistributions(st.ring, cut(slots), st.batch_idx, cut(ring_rows),
+                                   starts=cut(st.span_starts(c0 + 1, L)) if scalar else None)
             if coupled and not self.exact:  # the coupling keeps the exact ratio (below): the two at once
                 prob, exact_prob = self.rule.accept_probs(probs, q, x)
             else:
                 prob = exact_prob = self.rule.accept_prob(cut(probs), q, cut(x))
             test = cut(coin) < prob
-        if tested:
+        if scalar:  # the same rows stand, counted on the host
+            passed = self._passed_on_host(st, test, tested, c0, st.host_committed[0] - c0 - 1) if tested else 0
+        elif tested:
             ok = test[:, :tested]
             tp = target[:, :-1] if waiting > 1 or st.any_forced or self.rows or near_end else None
             # committed (post-verified) and forced rows stand without a test
@@ -643,34 +664,45 @@ class SpeculativeDecoder:
             # a rule with its own residual (LANTERN) makes its first rejection's row of that pass its own:
             # the row's draw is then the rejection's (the same uniform), with no pass of its own
             if dense and tested and levels == 0 and not self.rows and hasattr(self.rule, "relax_row"):
-                relax = partial(self.rule.relax_row, q=q, x=x, row=passed.clamp(max=tested - 1), rejected=rejected)
+                relax = partial(self.rule.relax_row, q=q, x=x, rejected=st.flag(rejected) if scalar else rejected,
+                                row=st.count(min(passed, tested - 1)) if scalar else passed.clamp(max=tested - 1))
             drawn, residual_draws = self._coupled_draws(st, probs, slots, had, stays, x, u, dense, relax)
         else:
             drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
-        bad = st.buffer("cumsum", L)[..., -1].isnan()  # rows that are no distribution
+        if scalar:  # rows that are no distribution (NaN != NaN), inside the image
+            totals = st.buffer("cumsum", L)[..., -1].tolist()[0]
+            bad = [j for j in range(min(L, T - c0 - 1)) if totals[j] != totals[j]]
+        else:
+            bad = st.buffer("cumsum", L)[..., -1].isnan()  # rows that are no distribution
         if levels > 0:
             bad |= (every[:, L:].sum(-1).isnan() & sp.valid).any(1, keepdim=True)
         if self.rows:
             bad |= lower.bad.unsqueeze(1)
-        if near_end:
+        if near_end and not scalar:
             bad &= target < T
         if width is not None:
             bad &= window < width
         # GSD resamples as SJD: the coupled rows' draws are from that residual with the same
         # uniform, so the first rejection's is the one at its row (without mass: the draft)
         from_draws = tested and residual_draws is not None and self.resamples_exactly
-        new_tok = (torch.where(rejected.unsqueeze(1), residual_draws, drawn) if from_draws
-                   else drawn).gather(1, passed.unsqueeze(1))
+        if scalar:
+            new_tok = (residual_draws if from_draws and rejected else drawn)[:, passed:passed + 1]
+        else:
+            new_tok = (torch.where(rejected.unsqueeze(1), residual_draws, drawn) if from_draws
+                       else drawn).gather(1, passed.unsqueeze(1))
         if tested and not (coupled and self.exact) and relax is None and not from_draws:
             # the first rejection resamples from the rule's residual (same uniform)
-            row = passed.clamp(max=tested - 1).unsqueeze(1)
+            row = (st.count(min(passed, tested - 1)) if scalar else passed.clamp(max=tested - 1)).unsqueeze(1)
             p_row = probs.gather(1, row.unsqueeze(2).expand(-1, -1, probs.shape[-1])).squeeze(1)
             q_row = st.rows(st.ring, slots.gather(1, row), "q_row").squeeze(1)
             res = self.rule.residual(p_row, q_row, inp.gather(1, row + 1).squeeze(1))
             # p and q equal to float precision leave no residual mass: fall back to p
             res = torch.where(res.sum(-1, keepdim=True) > 0, res, p_row)
             redraw = rng.categorical(res, u[..., 1].gather(1, row))
-            new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
+            if scalar:
+                new_tok = redraw if rejected else new_tok
+            else:
+                new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
 
         nodes = None
         if levels > 0:
@@ -689,6 +721,10 @@ class SpeculativeDecoder:
             probs.scatter_(1, rows.unsqueeze(-1).expand(-1, -1, V),
                            every.gather(1, nodes.gather(1, rows).unsqueeze(-1).expand(-1, -1, V)))
         # next drafts (Jacobi: the tail); the new token lands after them
+        if scalar:
+            st.window_passed = passed
+            self.drafter.after_verify(st, probs, drawn, None)
+            return self._commit_on_host(st, L, c0, passed, rejected, new_tok, bad, near_end)
         self.drafter.after_verify(st, probs, drawn, passed)
         if nodes is not None:
             moved = on_path & (depth > 0)
@@ -736,6 +772,51 @@ class SpeculativeDecoder:
         self._extend(st, skip=None if st.device_step or self.rows else plan)
         if self.rows:  # the lower rows' draws and drafts (after the window's: see settle_rows)
             settle_rows(st, lower)
+        return plan
+
+    @staticmethod
+    def _passed_on_host(st: DecodeState, test: torch.Tensor, tested: int, c0: int, standing: int) -> int:
+        """A batch of one's rows that stand (``_verify``'s ``passed``): the leading rows whose draft passed its
+        test, was committed before (the first ``standing``) or is forced, inside the image."""
+        ok, forced = test.tolist()[0], st.forced_host() if st.any_forced else None
+        end = min(tested, st.length - c0 - 1)
+        passed = 0
+        while passed < end and (ok[passed] or passed < standing or (forced is not None and forced[c0 + 1 + passed])):
+            passed += 1
+        return passed
+
+    def _commit_on_host(self, st: DecodeState, L: int, c0: int, passed: int, rejected: bool, new_tok, bad,
+                        near_end: bool):
+        """``_verify``'s commit for a batch of one on the host step: the same lengths, log and plan, from host
+        numbers (the lengths' tensors are views of the state's tables)."""
+        T = st.length
+        keep = passed + 1
+        at = c0 + keep
+        if at < T:
+            st.seq[:, at:at + 1] = new_tok
+        before, committed = st.host_committed[0], at + 1
+        if near_end:
+            keep = min(keep, max(T - c0, 0))
+            committed = max(min(committed, T), before)
+        committed_before = st.n_committed
+        st.n_cached, st.n_committed = st.count(c0 + keep), st.count(committed)
+        st.log.append(("V", committed_before, st.n_committed, st.flag(rejected), st.count(at)))
+        counts = st.scalar_counts
+        counts["committed"] = committed
+        if st.skips:
+            counts["produced"] += committed - before
+            counts["verified"] += before < T
+            st.produced, st.verified = st.count(counts["produced"]), st.count(counts["verified"])
+        st.verified_since_skip += 1
+        plan = self.schedule.plan(st)
+        if bad:
+            raise_if_nonfinite([len(bad)], st.step, [c0 + bad[0] + 1])
+        st.host_cached, st.host_committed = [c0 + keep], [committed]
+        if plan is not None:  # a skip is taken unless the sample abstains
+            m = plan.tolist()
+            plan = (plan, m) if min(m) >= 0 else None
+        self.adapter.rollback([L - keep])
+        self._extend(st, skip=plan)
         return plan
 
     def _tree_step(self, st: DecodeState, timer: "Timer"):
@@ -861,7 +942,8 @@ class SpeculativeDecoder:
         B, L, V = probs.shape
         if dense:
             # rows without a draft draw from p: their q counts as zero
-            res = st.rows(st.ring, slots, "residual", st.window_rows)
+            res = (st.span_rows(st.ring, st.host_cached[0] + 1, L, "residual") if st.scalar
+                   else st.rows(st.ring, slots, "residual", st.window_rows))
             torch.addcmul(probs, res, had.unsqueeze(-1), value=-1, out=res).clamp_(min=0.0)
             if relax is not None:
                 relax(res, probs)
@@ -887,8 +969,12 @@ class SpeculativeDecoder:
     def _skip(self, st: DecodeState, m: torch.Tensor, m_host: list[int] | None):
         """Commit ``m[b]`` informed drafts of each sample without a forward (``m_host``: the host's
         copy; None on the step on the device, which reads the lengths later)."""
-        after = st.n_committed + m
-        st.log.append(("S", st.n_committed, after, m > 0, None))
+        if st.scalar:  # (the lengths' tensors are views: state.py)
+            st.scalar_counts["committed"] = st.host_committed[0] + m_host[0]
+            after, took = st.count(st.scalar_counts["committed"]), st.flag(m_host[0] > 0)
+        else:
+            after, took = st.n_committed + m, m > 0
+        st.log.append(("S", st.n_committed, after, took, None))
         st.n_committed = after
         if m_host is not None:
             st.host_committed = [c + d for c, d in zip(st.host_committed, m_host)]
@@ -926,12 +1012,15 @@ class SpeculativeDecoder:
             stop = [min(c + m + st.horizon, st.length) for c, m in zip(st.host_committed, skip[1])]
         width = max(e - d for e, d in zip(stop, st.host_draft_end))
         if width > 0:
-            st.draft_end = torch.maximum(st.draft_end, st.n_committed)
-            stop_t = (st.n_committed + st.horizon + (0 if ahead is None else ahead)).clamp(max=st.length)
+            if st.scalar:  # the same lengths, as views (the host's mirror is exact: state.py)
+                st.draft_end, stop_t = st.count(st.host_draft_end[0]), st.count(stop[0])
+            else:
+                st.draft_end = torch.maximum(st.draft_end, st.n_committed)
+                stop_t = (st.n_committed + st.horizon + (0 if ahead is None else ahead)).clamp(max=st.length)
             st.extend_span = (st.host_draft_end, stop)
             self.drafter.extend(st, st.draft_end, stop_t, width)
-            st.draft_end = torch.maximum(st.draft_end, stop_t)
             st.host_draft_end = [max(d, e) for d, e in zip(st.host_draft_end, stop)]
+            st.draft_end = st.count(st.host_draft_end[0]) if st.scalar else torch.maximum(st.draft_end, stop_t)
 
     def _notify(self, callback, st):
         if callback is None:

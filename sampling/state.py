@@ -68,6 +68,11 @@ without a reduction) and may hold per-batch tensors of its own in ``source_state
 (a dict, emptied when images leave the batch: what it holds must be rebuilt from the state),
 and fill a ``[B, n, V]`` buffer from a ring with ``rows(ring, slots, name)``.
 
+A batch of one on the host step with Jacobi drafts (``scalar``) keeps its lengths, positions and row masks as
+views cut from kept tables (``span``, ``span_slots``, ``count``, ``first_rows``): the same values, no kernel to
+compute them; nothing may write into them.  ``JacobiDrafts`` reads the window's new-token row there as
+``window_passed``.
+
 A **schedule** (``schedule.py``) reads the same plus ``produced``/``verified``
 (tokens committed by and number of verified forwards, for the mean accepted
 length), ``verified_since_skip``, ``max_commit`` and :meth:`commit_lengths`.
@@ -161,6 +166,12 @@ class DecodeState:
         #: the verify step stays on the device (engine.py): the host_* lists are read every few
         #: steps only (then lower bounds of the lengths); a source must not need them exact
         self.device_step = False
+        #: a batch of one on the host step with Jacobi drafts (engine.py): its lengths are host numbers and
+        #: its position tensors views (span, count, first_rows)
+        self.scalar = False
+        self.window_passed: int | None = None  # (scalar) the row of the window's new token
+        #: (scalar) the host numbers of ``n_committed``, ``informed_end``, ``produced`` and ``verified``
+        self.scalar_counts: dict[str, int] = {}
         self.verified_since_skip = 0
         self.window_positions = self.window_targets = self.window_slots = self.window_had = None
         self.window_drafts = self.window_rows = self.extend_span = None
@@ -340,6 +351,9 @@ class DecodeState:
             return u
         at, step = self.extend_split
         later = self.uniform(rng.INIT, positions, 1, upto=stops, first=starts, step=step)
+        if self.scalar and starts is not None:  # the positions are starts[0] + arange(W)
+            k = min(max(at[0] - starts[0], 0), positions.shape[1])
+            return torch.cat([u[:, :k], later[:, k:]], 1)
         return torch.where(positions < torch.tensor(at, device=positions.device).unsqueeze(1), u, later)
 
     def buffer(self, name: str, rows: int) -> torch.Tensor:
@@ -390,10 +404,91 @@ class DecodeState:
 
     def ring_rows(self, ring: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """The rows of ``slots`` ``[B, n]`` in ``ring`` viewed as ``[B * R, V]``."""
+        if self.batch == 1:  # (the offset of a batch of one is 0)
+            return slots
         offset = self.row_offsets.get(ring.shape[1])
         if offset is None:
             offset = self.row_offsets[ring.shape[1]] = self.batch_idx * ring.shape[1]
         return offset + slots
+
+    # -- a batch of one on the host step (``scalar``, engine.py) -----------------------------------
+    # The host knows its lengths exactly, so positions, slots, lengths and row masks are cut from kept
+    # tables (a view: no kernel) instead of computed by small operations, each of which costs several
+    # microseconds after a forward on the CPU.  Nothing writes into these views.
+
+    def _host_tables(self) -> "_Tables":
+        t = self.__dict__.get("_tables")
+        if t is None:
+            m = self.max_window + 2
+            pos = torch.arange(self.seq.shape[1] + m, device=self.seq.device)
+            steps = torch.arange(2 * m, device=pos.device) < m  # m True, then m False
+            slots = (pos % self.ring_size).unsqueeze(0)
+            t = self._tables = _Tables(pos, pos.unsqueeze(0), slots, slots * self.vocab, steps, m)
+        return t
+
+    def span(self, start: int, n: int) -> torch.Tensor:
+        """Positions ``start .. start + n - 1`` as ``[1, n]`` (a batch of one)."""
+        return self._host_tables().rows[:, start:start + n]
+
+    def span_slots(self, start: int, n: int) -> torch.Tensor:
+        """Their ring slots, ``[1, n]``."""
+        return self._host_tables().slots[:, start:start + n]
+
+    def span_starts(self, start: int, n: int) -> torch.Tensor:
+        """Where their rows start in the ring viewed flat (``DraftDistributions.starts``), ``[1, n]``."""
+        return self._host_tables().starts[:, start:start + n]
+
+    def count(self, value: int) -> torch.Tensor:
+        """A length ``[1]`` (a batch of one's ``n_cached``, ``n_committed``, ...)."""
+        return self._host_tables().positions[value:value + 1]
+
+    def first_rows(self, k: int, n: int) -> torch.Tensor:
+        """``[1, n]`` bools: rows ``0 .. k - 1`` True, the others False (``k`` clipped to ``[0, n]``)."""
+        t = self._host_tables()
+        at = t.half - min(max(k, 0), n)
+        return t.steps[at:at + n].unsqueeze(0)
+
+    def flag(self, value: bool) -> torch.Tensor:
+        """A per-sample bool ``[1]``."""
+        t = self._host_tables()
+        at = t.half - bool(value)
+        return t.steps[at:at + 1]
+
+    def ring_span(self, ring: torch.Tensor, start: int, n: int) -> list[torch.Tensor]:
+        """A batch of one's ``ring`` rows of positions ``start .. start + n - 1`` (``n`` at most the ring's
+        size): one slice of it, or two where the positions wrap around."""
+        a = start % self.ring_size
+        if a + n <= self.ring_size:
+            return [ring[0, a:a + n]]
+        return [ring[0, a:self.ring_size], ring[0, :a + n - self.ring_size]]
+
+    def span_rows(self, ring: torch.Tensor, start: int, n: int, name: str) -> torch.Tensor:
+        """``rows`` of a batch of one's positions ``start .. start + n - 1``, by slices."""
+        parts = self.ring_span(ring, start, n)
+        out = self.buffer(name, n)
+        if len(parts) == 1:
+            out[0].copy_(parts[0])
+        else:
+            torch.cat(parts, out=out[0])
+        return out
+
+    def put_span(self, ring: torch.Tensor, start: int, n: int, values: torch.Tensor) -> None:
+        """``put_rows`` at a batch of one's positions ``start .. start + n - 1`` (``values`` ``[1, n, V]``, or
+        ``[1, 1, V]`` for every one), by slices."""
+        parts = self.ring_span(ring, start, n)
+        if len(parts) == 1:
+            parts[0].copy_(values[0])
+        else:
+            k = parts[0].shape[0]
+            parts[0].copy_(values[0, :k] if values.shape[1] > 1 else values[0])
+            parts[1].copy_(values[0, k:] if values.shape[1] > 1 else values[0])
+
+    def forced_host(self) -> list[bool]:
+        """Whether each position holds a forced token, on the host."""
+        f = self.__dict__.get("_forced_host")
+        if f is None:
+            f = self._forced_host = (self.forced_at >= 0).tolist()
+        return f
 
     def _flat(self, ring: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         return self.ring_rows(ring, slots).view(-1)
@@ -406,6 +501,11 @@ class DecodeState:
     def commit_lengths(self) -> torch.Tensor:
         """VVS truncation: ``min(informed tail, floor(mean accepted length))``."""
         mal = torch.div(self.produced, self.verified.clamp(min=1), rounding_mode="floor")
+        if self.scalar:  # (the same numbers, on the host)
+            c = self.scalar_counts
+            committed = c["committed"]
+            m = min(c["informed_end"] - committed, c["produced"] // max(c["verified"], 1), self.length - committed)
+            return self.count(max(m, 0))
         tail = self.informed_end - self.n_committed
         room = self.length - self.n_committed
         return torch.minimum(torch.minimum(tail, mal), room).clamp(min=0)
@@ -414,6 +514,17 @@ class DecodeState:
         """Bytes of the engine's own tensors (memory reports on the CPU)."""
         tensors = [self.seq, self.ring] + list(self.buffers.values())
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class _Tables(NamedTuple):
+    """What a batch of one's views are cut from (``DecodeState.span`` and the rest)."""
+
+    positions: torch.Tensor  # arange over the stream and past it
+    rows: torch.Tensor  # the same, [1, n]
+    slots: torch.Tensor  # their ring slots, [1, n]
+    starts: torch.Tensor  # where the slots' rows start in a ring of the vocabulary's width viewed flat, [1, n]
+    steps: torch.Tensor  # `half` True, then `half` False
+    half: int
 
 
 def _widen(log: list[tuple], rows: torch.Tensor, B0: int, T: int) -> list[tuple]:

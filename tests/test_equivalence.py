@@ -54,6 +54,32 @@ def test_an_image_does_not_depend_on_its_batch(model, mode, extra):
         assert torch.equal(alone.tokens[0], batch.tokens[b]), f"sample {b} differs from its solo run"
 
 
+@pytest.mark.parametrize("mode,extra", [
+    ("sjd", {}), ("gsd", {}), ("lantern", dict(lantern_k=10)), ("vvs", dict(lantern_k=10)),
+    ("sjd", dict(draft_coupling="none")), ("gsd", dict(draft_coupling="none")),
+    ("lantern", dict(lantern_k=10, draft_coupling="gumbel")), ("vvs", dict(lantern_k=10, draft_coupling="none")),
+    ("sjd", dict(init="sample-above")), ("gsd", dict(init="random")),
+    ("vvs", dict(lantern_k=10, schedule="similarity")),
+])
+def test_a_batch_of_one_decodes_the_same_with_its_lengths_on_the_host(model, mode, extra, monkeypatch):
+    # a batch of one keeps its lengths as host numbers (engine.SCALAR_STEP); the batch's tensors give the same
+    from spec_ar.sampling import engine
+    taken = []
+    commit = engine.SpeculativeDecoder._commit_on_host
+    monkeypatch.setattr(engine.SpeculativeDecoder, "_commit_on_host",
+                        lambda self, *a, **k: taken.append(1) or commit(self, *a, **k))
+    for prompt, seed in [(3, 21), (1, 22), (4, 23)]:
+        monkeypatch.setattr(engine, "SCALAR_STEP", True)
+        host = decode(model, [prompt], [seed], mode=mode, **extra)
+        monkeypatch.setattr(engine, "SCALAR_STEP", False)
+        tensors = decode(model, [prompt], [seed], mode=mode, **extra)
+        assert torch.equal(host.tokens, tensors.tokens)
+        a, b = host.reports[0], tensors.reports[0]
+        assert (a.nfe, a.origins, a.accepted_length_histogram, a.skipped_verifications, a.draft_stability) == \
+               (b.nfe, b.origins, b.accepted_length_histogram, b.skipped_verifications, b.draft_stability)
+    assert taken, "the host numbers' path ran"
+
+
 def test_seeds_change_the_image(model):
     a = decode(model, [0, 0], [1, 2], mode="sjd").tokens
     assert not torch.equal(a[0], a[1])
