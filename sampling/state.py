@@ -500,12 +500,12 @@ class DecodeState:
 
     def commit_lengths(self) -> torch.Tensor:
         """VVS truncation: ``min(informed tail, floor(mean accepted length))``."""
-        mal = torch.div(self.produced, self.verified.clamp(min=1), rounding_mode="floor")
         if self.scalar:  # (the same numbers, on the host)
             c = self.scalar_counts
             committed = c["committed"]
             m = min(c["informed_end"] - committed, c["produced"] // max(c["verified"], 1), self.length - committed)
             return self.count(max(m, 0))
+        mal = torch.div(self.produced, self.verified.clamp(min=1), rounding_mode="floor")
         tail = self.informed_end - self.n_committed
         room = self.length - self.n_committed
         return torch.minimum(torch.minimum(tail, mal), room).clamp(min=0)
