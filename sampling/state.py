@@ -172,6 +172,8 @@ class DecodeState:
         self.window_passed: int | None = None  # (scalar) the row of the window's new token
         #: (scalar) the host numbers of ``n_committed``, ``informed_end``, ``produced`` and ``verified``
         self.scalar_counts: dict[str, int] = {}
+        self._tables: _Tables | None = None  # (scalar) what its views are cut from, made on first use
+        self._forced_host: list[bool] | None = None  # forced positions on the host, made on first use
         self.verified_since_skip = 0
         self.window_positions = self.window_targets = self.window_slots = self.window_had = None
         self.window_drafts = self.window_rows = self.extend_span = None
@@ -417,7 +419,7 @@ class DecodeState:
     # microseconds after a forward on the CPU.  Nothing writes into these views.
 
     def _host_tables(self) -> "_Tables":
-        t = self.__dict__.get("_tables")
+        t = self._tables
         if t is None:
             m = self.max_window + 2
             pos = torch.arange(self.seq.shape[1] + m, device=self.seq.device)
@@ -485,7 +487,7 @@ class DecodeState:
 
     def forced_host(self) -> list[bool]:
         """Whether each position holds a forced token, on the host."""
-        f = self.__dict__.get("_forced_host")
+        f = self._forced_host
         if f is None:
             f = self._forced_host = (self.forced_at >= 0).tolist()
         return f
