@@ -128,32 +128,29 @@ class UniformBlock:
         return u.gather(1, at.unsqueeze(-1).expand(-1, -1, u.shape[-1]))
 
 
-_ZEROS: dict = {}
-
-
-def _zero(like: torch.Tensor) -> torch.Tensor:
-    """A zero of ``like``'s dtype and device (kept: a step draws some four times)."""
-    key = (like.dtype, like.device)
-    if key not in _ZEROS:
-        _ZEROS[key] = torch.zeros((), dtype=like.dtype, device=like.device)
-    return _ZEROS[key]
+#: The least mass a row needs to be drawn from (twice float32's smallest normal number): below it,
+#: ``u * total`` rounds on the subnormal numbers' fixed grid and can round up to ``total`` (at exactly
+#: the smallest normal number too, a tie rounded to even), so :func:`categorical` may count such a row
+#: as without mass, and callers that fall back from an empty row treat it as one.
+MIN_MASS = 2.0 ** -125
 
 
 def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | None = None,
                 empty: str = "clamp") -> torch.Tensor:
-    """Inverse-CDF draws from the rows of ``probs`` (``[..., V]``, any scale), one per
-    uniform in ``u`` (``[..., n]``): returns ``[..., n]`` token ids.
+    """Inverse-CDF draws from the rows of ``probs`` (``[..., V]``, any scale, float32), one per
+    uniform in ``u`` (``[..., n]``, at most ``1 - 2**-24`` as :func:`uniform` and ``torch.rand``
+    give them): returns ``[..., n]`` token ids.
 
-    Never returns a zero-probability token of a row with mass: the target stays
-    strictly below the row total, so the first cumulative sum above it ends on a
-    token with mass.  A row without mass gives ``V - 1`` (``empty="clamp"``) or
-    ``V`` (``empty="past-end"``, for a caller that falls back to another draw).
-    ``workspace`` (shaped like ``probs``) saves an allocation.
+    Never returns a zero-probability token of a row with mass (a total of at least
+    :data:`MIN_MASS`): ``u * total`` rounds strictly below such a total (``1 - u`` is at least
+    ``2**-24``, half a unit in the last place of 1 or more), so the first cumulative sum above it
+    ends on a token with mass.  A row without mass gives ``V - 1`` (``empty="clamp"``) or ``V``
+    (``empty="past-end"``, for a caller that falls back to another draw); so may a row whose total
+    is below :data:`MIN_MASS`, which callers with a fallback treat as empty.  ``workspace`` (shaped
+    like ``probs``) saves an allocation.
     """
     c = probs.cumsum(-1) if workspace is None else torch.cumsum(probs, -1, out=workspace)
-    total = c[..., -1:]
-    v = torch.minimum(u * total, torch.nextafter(total, _zero(total)))
-    ids = torch.searchsorted(c, v, right=True)
+    ids = torch.searchsorted(c, u * c[..., -1:], right=True)
     return ids.clamp_(max=probs.shape[-1] - 1) if empty == "clamp" else ids
 
 

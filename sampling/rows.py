@@ -173,7 +173,7 @@ def judge_rows(st, grid: RowGrid, rd: RowDrafts, probs: torch.Tensor, rule) -> R
     x_new = x.gather(1, flat_at)
     fell = new < rd.known + rd.drafts
     res = rule.residual(p_new.reshape(-1, V), q_new.reshape(-1, V), x_new.reshape(-1)).view(B, Rm, V)
-    res = torch.where(fell.unsqueeze(-1) & (res.sum(-1, keepdim=True) > 0), res, p_new)
+    res = torch.where(fell.unsqueeze(-1) & (res.sum(-1, keepdim=True) >= rng.MIN_MASS), res, p_new)
     drawn = rng.categorical(res, u[..., 1].gather(1, flat_at).unsqueeze(-1)).squeeze(-1)  # [B, Rm]
     fix = act & (col >= c) & (col <= at)
     scored = (col > at) & (col < c + m)  # the chain scored them: redrawn from their own rows

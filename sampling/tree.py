@@ -176,7 +176,8 @@ def accept_path(probs, tokens, kids, root, rule, u_coin, u_draw, levels: int, ex
                 acc = live & (u_coin.gather(1, c.clamp(min=0).unsqueeze(1)).squeeze(1)
                               < rule.accept_prob(rn.unsqueeze(1), q, x).squeeze(1))
                 res = rule.residual(rn.unsqueeze(1), qd, x).squeeze(1)
-                res = torch.where(res.sum(-1, keepdim=True) > 0, res, rn)  # float ties: nothing left to take
+                # float ties: nothing left to take
+                res = torch.where(res.sum(-1, keepdim=True) >= rng.MIN_MASS, res, rn)
                 r = torch.where((live & ~acc).unsqueeze(1), res, r)
                 if left is not None:
                     left = torch.where((live & ~acc).unsqueeze(1), left.scatter(1, x, 0.0), left)

@@ -50,3 +50,28 @@ def test_exponential_noise_is_fixed_per_sample_position_and_token_whatever_the_b
     assert not torch.equal(e[0, 1], e[0, 2])  # positions differ
     big = rng.exponential(rng.seed_keys(range(8)), rng.COUPLE + 1, torch.arange(64).expand(8, -1), 512)
     assert abs(big.mean().item() - 1.0) < 0.01 and abs(big.var().item() - 1.0) < 0.03  # Exp(1): mean 1, variance 1
+
+
+def test_a_draw_at_the_largest_number_lands_on_a_token_with_mass():
+    """``u * total`` rounds below every row total of at least ``MIN_MASS``, so the largest number the hash
+    gives (``1 - 2**-24``) draws the last token with mass, never one past it; a row without mass is empty."""
+    u_max = torch.tensor([[1.0 - 2.0 ** -24]])
+    assert float(u_max) < 1.0
+    g = torch.Generator().manual_seed(0)
+    totals = [rng.MIN_MASS, 2.0 ** -100, 1e-9, 0.37, 1.0, 1.5, 2.0 - 2.0 ** -23, 2.0, 3.0, 1e30]
+    totals += (torch.rand(2000, generator=g, dtype=torch.float64) * 40 - 20).exp2().tolist()
+    V = 8
+    for total in totals:
+        probs = torch.zeros(1, V)
+        probs[0, :5] = torch.rand(5, generator=g) + 0.1
+        probs[0, 2] = 0.0  # a zero inside, the tail past 4 without mass
+        probs = probs / probs.sum() * total
+        if float(probs.sum()) < rng.MIN_MASS:
+            continue
+        for empty in ("clamp", "past-end"):
+            ids = rng.categorical(probs, u_max, empty=empty)
+            assert int(ids) == 4, (total, empty)
+        assert int(rng.categorical(probs, torch.zeros(1, 1))) == 0
+    nothing = torch.zeros(1, V)
+    assert int(rng.categorical(nothing, u_max, empty="past-end")) == V
+    assert int(rng.categorical(nothing, u_max)) == V - 1
