@@ -25,31 +25,48 @@ from .processing import KEEP_NON_NEGATIVE
 
 class DraftDistributions:
     """Read access to the ``q`` rows of a window's drafts, which live in the
-    engine's per-sample ring of distributions (no ``[B, L, V]`` copy is made)."""
+    engine's per-sample ring of distributions (no ``[B, L, V]`` copy is made), or in a
+    copy of them the engine made anyway (``copy``, ``[B, >= N, V]``: the coupled draws'
+    residual buffer before it becomes the residual; :meth:`release` before that)."""
 
     def __init__(self, ring: torch.Tensor, slots: torch.Tensor, batch_idx: torch.Tensor | None = None,
-                 rows: torch.Tensor | None = None, starts: torch.Tensor | None = None):
-        self.ring, self.slots = ring, slots  # [B, R, V], [B, N]
+                 rows: torch.Tensor | None = None, starts: torch.Tensor | None = None,
+                 copy: torch.Tensor | None = None):
+        self.ring, self.slots, self.copy = ring, slots, copy  # [B, R, V], [B, N]
         self.batch = torch.arange(ring.shape[0], device=ring.device).unsqueeze(1) if batch_idx is None else batch_idx
         # rows: the slots' rows of the flattened ring [B * R, V], where the caller has them (or their starts)
-        self._starts = starts if starts is not None or rows is None else rows * ring.shape[2]
+        self._starts, self._rows = starts, rows
+
+    def release(self) -> None:
+        """Read the ring from now on (the copy is about to be overwritten)."""
+        self.copy = None
 
     def starts(self) -> torch.Tensor:
         """Where each draft's row starts in the flattened ring ``[B, N]``."""
         if self._starts is None:
             B, R, V = self.ring.shape
-            self._starts = (self.batch * R + self.slots) * V
+            self._starts = (self.batch * R + self.slots if self._rows is None else self._rows) * V
         return self._starts
 
     def at(self, ids: torch.Tensor) -> torch.Tensor:
-        """``q`` of each draft row at ``ids`` (``[B, N]`` or ``[B, N, M]``): one ``take`` at the
-        rows' flat offsets (three-tensor advanced indexing costs several times as much)."""
+        """``q`` of each draft row at ``ids`` (``[B, N]`` or ``[B, N, M]``): a gather from the copy, or one
+        ``take`` at the rows' flat offsets (three-tensor advanced indexing costs several times as much)."""
+        if self.copy is not None:
+            return self.copy.gather(2, ids) if ids.dim() == 3 else _gather(self.copy, ids)
         starts = self.starts() if ids.dim() == 2 else self.starts().unsqueeze(2)
         return torch.take(self.ring, starts + ids)
 
     def row_at(self, row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``q`` at ``ids`` ``[B, n]`` of each sample's draft row ``row`` ``[B, 1]``."""
         return torch.take(self.ring, self.starts().gather(1, row) + ids)
+
+
+def _next_float32_up(value: float) -> float:
+    """The next float32 above ``value`` (as float32): a float32 ``t`` is at most ``value`` exactly when it is below
+    this, so a test ``t <= value`` can be a ``<`` (the step's comparisons are all ``<``: on this CPU an operation
+    kind's first call after a forward is dear)."""
+    v = torch.tensor(value, dtype=torch.float32)
+    return float(torch.nextafter(v, torch.tensor(float("inf"))))
 
 
 def _gather(p: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -101,6 +118,7 @@ class GroupedAcceptance(ExactAcceptance):
                  geometry: TokenGeometry | None = None):
         self.up, self.down = (group_size - 1) // 2, group_size // 2
         self.delta, self.distance, self.geometry = delta, distance, geometry
+        self._below = _next_float32_up(delta)
 
     def accept_prob(self, p, q, x):
         return self.accept_probs(p, q, x)[0]
@@ -113,22 +131,23 @@ class GroupedAcceptance(ExactAcceptance):
         at_x = x.unsqueeze(-1)
         px = p.gather(-1, at_x)
         diff = p - px
-        # the group: x (its own distance 0, as read), then the members' ids by their distance |p(c) - p(x)|
-        # from it (inf: no member)
-        members, gaps = [at_x], [diff.gather(-1, at_x)]
+        # the group: x, then the members' ids by their distance |p(c) - p(x)| from it (inf: no member).  The
+        # ranks below come from a topk that ranks x first (its key -1: down >= 1 whenever up + down > 0)
         inf = float("inf")
         if up:  # smallest positive differences: ranked just above x
-            k, i = torch.topk(F.threshold(diff, 0.0, inf), up, dim=-1, largest=False)
-            members.append(i)
-            gaps.append(k)
-        if down:  # smallest non-negative p(x) - p(c), x excluded: just below (the same ops as above: on this
-            # CPU an operation's first call after a forward costs most of its time)
-            below = F.threshold(torch.sub(px, p, out=diff), KEEP_NON_NEGATIVE, inf).scatter_(-1, at_x, inf)
-            k, i = torch.topk(below, down, dim=-1, largest=False)
-            members.append(i)
-            gaps.append(k)
+            k_up, i_up = torch.topk(F.threshold(diff, 0.0, inf), up, dim=-1, largest=False)
+        # smallest non-negative p(x) - p(c) (the same ops as above: on this CPU an operation's first call after a
+        # forward costs most of its time)
+        below = F.threshold(torch.sub(px, p, out=diff), KEEP_NON_NEGATIVE, inf).scatter_(-1, at_x, -1.0)
+        k, i = torch.topk(below, down + 1, dim=-1, largest=False)
+        members, gaps = [i[..., :1]], [k[..., :1]]  # x (its distance -1 passes the delta test)
+        if up:
+            members.append(i_up)
+            gaps.append(k_up)
+        members.append(i[..., 1:])
+        gaps.append(k[..., 1:])
         c = torch.cat(members, -1)
-        keep = torch.cat(gaps, -1) <= self.delta  # the distance is the delta test; inf fails it
+        keep = torch.cat(gaps, -1) < self._below  # the distance is the delta test (<= delta); inf fails it
         if self.distance is not None:
             g = self.geometry
             keep &= (g.vec(c) - g.vec(x).unsqueeze(-2)).square_().sum(-1) <= self.distance
@@ -153,13 +172,14 @@ class LatentRelaxedAcceptance(ExactAcceptance):
 
     def __init__(self, k: int, delta: float, geometry: TokenGeometry):
         self.k, self.delta, self.geometry = k, delta, geometry
+        self._within = _next_float32_up(delta)  # (mass <= delta as `<`: GroupedAcceptance)
         self._window = None
         geometry.neighbours(k)  # build the table before decoding starts
 
     def _neighbourhood(self, p, x):
         nb = self.geometry.neighbour_ids(x, self.k)
         pn = p.gather(-1, nb)
-        in_a = pn.cumsum(-1) <= self.delta
+        in_a = pn.cumsum(-1) < self._within
         return nb, pn, in_a, (pn * in_a).sum(-1)
 
     def accept_prob(self, p, q, x):
@@ -183,8 +203,21 @@ class LatentRelaxedAcceptance(ExactAcceptance):
 
     def relax_row(self, res, p, q: DraftDistributions, x, row, rejected):
         """Row ``row[b]`` of ``res`` (``[B, L, V]``: the window's exact residual ``max(0, p - q)``) made this
-        rule's residual where ``rejected[b]``: ``p_A`` is ``p`` but on ``A`` (zero) and at ``x``."""
+        rule's residual where ``rejected[b]``: ``p_A`` is ``p`` but on ``A`` (zero) and at ``x``.  A batch of
+        one may give ``row`` and ``rejected`` as host numbers: then only a rejected row is written, by slices."""
         B, L, V = p.shape
+        if isinstance(row, int):
+            seen = self._window
+            if not rejected:
+                self._window = None
+                return
+            if seen is not None and seen[0] is x and seen[1] == p.data_ptr():
+                self._window = None
+                r = res[0, row:row + 1]  # [1, V]
+                r.scatter_(1, seen[2][0, row:row + 1], 0.0)  # zero on A (x where A is short)
+                r.scatter_(1, x[:, row:row + 1], seen[3][:, row:row + 1].clamp(min=0.0))
+                return
+            row, rejected = torch.tensor([row], device=x.device), torch.tensor([True], device=x.device)
         at = row.unsqueeze(1)
         xr = x.gather(1, at)  # [B, 1]
         first = at * V  # the row's offset in a sample's flattened window

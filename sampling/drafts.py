@@ -165,19 +165,23 @@ class JacobiDrafts:
         new = self._gumbel(st, probs, pos, L) if self.coupling == "gumbel" else samples
         # re-drafted: the rows after k that held a draft before this pass, inside the image
         end = min(L, st.host_draft_end[0] - c0 - 1, st.length - c0 - 1 if st.window_near_end else L)
-        if end > k + 1:
-            st.drafts_redrawn[:, k + 1:end].add_(1)
+        if end > k + 1:  # (the redrawn count on the host: DecodeState.draft_stability)
+            st.scalar_counts["redrawn"] += end - k - 1
             st.drafts_kept[:, k + 1:end].add_(new[:, k + 1:end] == old[:, k + 1:end])
-        if k + 1 < L:  # (rows up to k keep their tokens)
-            st.seq[:, c0 + k + 2:c0 + L + 1] = new[:, k + 1:]
+        # rows up to k keep their tokens; row k's position takes the new token, written here with the new drafts
+        # where it is this pass's draw (st.window_new_drawn), by the engine's commit otherwise
+        first = k if st.window_new_drawn and new is samples else k + 1
+        st.window_new_written = first == k
+        if first < L:
+            st.seq[:, c0 + first + 1:c0 + L + 1] = new[:, first:]
         st.put_span(st.ring, c0 + 1, L, probs)
         end = c0 + L + 1
         st.source_state["edge"] = ([end], probs[:, L - 1:])
         st.host_draft_end = [max(st.host_draft_end[0], end)]
-        st.draft_end = st.count(st.host_draft_end[0])
+        st.draft_end = st.host_draft_end[0]  # (host numbers: views when read, state.py)
         counts = st.scalar_counts
         counts["informed_end"] = max(counts["informed_end"], end)
-        st.informed_end = st.count(counts["informed_end"])
+        st.informed_end = counts["informed_end"]
 
     @staticmethod
     def _gumbel(st, probs, pos, L):
@@ -203,9 +207,16 @@ class JacobiDrafts:
 
     def extend(self, st, start: torch.Tensor, stop: torch.Tensor, width: int):
         """Fresh drafts at positions ``[start[b], stop[b])``; writes past a sample's
-        ``stop`` go to scratch storage nothing reads."""
+        ``stop`` go to scratch storage nothing reads.  A batch of one on the host step (``st.scalar``) gives
+        ``start`` and ``stop`` as host numbers, made tensors only where read."""
         span = st.extend_span  # on the host step, start and stop as the host has them
         whole = span is not None and all(e - d == width for d, e in zip(*span))  # no sample stops short
+        if type(start) is int:
+            start_t = lambda: st.count(start)  # noqa: E731
+            if not whole:
+                start, stop = st.count(start), st.count(stop)
+        else:
+            start_t = lambda: start  # noqa: E731
         if st.scalar and whole:  # (views: state.py)
             pos, slot, valid = st.span(span[0][0], width), st.span_slots(span[0][0], width), None
         else:
@@ -223,7 +234,7 @@ class JacobiDrafts:
             elif st.scalar and not st.any_forced:  # (the ring's row itself: nothing writes it meanwhile)
                 rows = st.ring_span(st.ring, span[0][0] - 1, 1)[0].unsqueeze(0)
             else:
-                src = (st.prev_free[start - 1] if st.any_forced else start - 1).unsqueeze(1)
+                src = (st.prev_free[start_t() - 1] if st.any_forced else start_t() - 1).unsqueeze(1)
                 rows = st.rows(st.ring, src % st.ring_size, "init")  # [B, 1, V]
             tok = rng.categorical(rows.squeeze(1), u)
             if st.scalar and valid is None:
@@ -231,7 +242,7 @@ class JacobiDrafts:
             else:
                 st.put_rows(st.ring, slot, rows)
         else:
-            tok = self._initial(st, start, pos, u, slot)
+            tok = self._initial(st, start_t(), pos, u, slot)
         if st.any_forced:
             forced = st.forced_at[pos]
             tok = torch.where(forced >= 0, forced, tok)

@@ -352,7 +352,7 @@ class SpeculativeDecoder:
             else:
                 config = replace(config, window=choice.width)
         st = DecodeState(ad, config, seeds, device, self.geometry,
-                         aranges=self.__dict__.setdefault("aranges", {}))  # (a decoder's decodes share them)
+                         shared=self.__dict__.setdefault("shared_tables", {}))  # (a decoder's decodes share them)
         st.device_step = self._steps_on_device(trial)
         st.scalar = (SCALAR_STEP and B == 1 and not st.device_step and type(self.drafter) is JacobiDrafts
                      and not self.proactive and not self.rows)
@@ -365,7 +365,8 @@ class SpeculativeDecoder:
         T = st.length
         zero = torch.zeros(B, 1, dtype=torch.long, device=device)
         probs = self.pipeline(logits.unsqueeze(2), zero)  # [B, 1, V]
-        u = rng.uniform(st.keys, 0, rng.VERIFY, zero, lanes=2)[..., 1:]
+        # (position 0's numbers of step 0: the first block of numbers, which the first extension reads too)
+        u = st.uniform(rng.VERIFY, zero, 2, [1] * B, [0] * B)[..., 1:]
         st.seq[:, :1] = rng.categorical(probs, u, st.buffer("cumsum", 1)).view(B, 1)
         raise_if_nonfinite(st.buffer("cumsum", 1)[:, 0, -1].isnan().tolist(), 0, [0] * B)
         st.log.append(("P", st.n_committed, st.n_committed + 1, torch.zeros_like(st.n_committed, dtype=torch.bool),
@@ -375,7 +376,7 @@ class SpeculativeDecoder:
         st.verified += 1
         st.host_committed = [1] * B
         if st.scalar:
-            st.scalar_counts.update(committed=1, informed_end=0, produced=1, verified=1)
+            st.scalar_counts.update(committed=1, informed_end=0, produced=1, verified=1, redrawn=0)
         if st.drafting:
             st.ring[:, 0] = probs[:, 0]  # position 0's p: sample-left draws from it
             st.draft_end += 1
@@ -545,9 +546,9 @@ class SpeculativeDecoder:
             waiting = max(c - n for c, n in zip(st.host_committed, st.host_cached))
             L = max(1, min(st.drafts + waiting, max(T - n for n in st.host_cached)))
             near_end = max(st.host_cached) + L >= T  # some window rows predict past the image
-        base = st.n_cached
-        window = st.arange(L)
         scalar = st.scalar  # a batch of one on the host step: lengths as host numbers (state.py)
+        base = None if scalar else st.n_cached
+        window = st.arange(L)
         if scalar:
             c0 = st.host_cached[0]
             pos, target = st.span(c0, L), st.span(c0 + 1, L)
@@ -555,8 +556,9 @@ class SpeculativeDecoder:
             pos = base.unsqueeze(1) + window  # input positions [B, L]
             target = pos + 1  # row j predicts position base + j + 1
         st.window_positions = pos
-        # (a batch of one: the window's inputs and the drafts its rows judge, one copy of one span)
-        tokens_in = st.seq[:, c0:c0 + L + 1].clone() if scalar else None
+        # (a batch of one: the window's inputs and the drafts its rows judge, views of one span of seq, which is
+        # written only after everything that reads them: JacobiDrafts' new drafts, then the new token)
+        tokens_in = st.seq[:, c0:c0 + L + 1] if scalar else None
         inp = tokens_in[:, :L] if scalar else st.seq.gather(1, pos)
         # proactive drafting: alternatives below the newest committed token (row r0)
         levels = min(self.config.proactive_depth - 1, L - waiting) if self.proactive else 0
@@ -591,7 +593,7 @@ class SpeculativeDecoder:
         u = st.uniform(rng.VERIFY, target, 2, [c + L + 1 for c in st.host_cached],  # coin, sample
                        [c + 1 for c in st.host_cached])
         coin = u[..., 0]
-        committed_before = st.n_committed
+        committed_before = None if scalar else st.n_committed
         coupled = self.coupled
         residual_draws = None
 
@@ -611,10 +613,18 @@ class SpeculativeDecoder:
         st.window_targets, st.window_slots, st.window_had = target, slots, had
         st.window_drafts, st.window_rows, st.window_near_end = (x if coupled else None), ring_rows, near_end
         st.window_width = width
+        # coupled drafting draws every row from a residual pass over the window's q rows (dense) or picks
+        # the falling rows (large CPU windows); the dense pass's copy of q serves the rule first
+        dense = coupled and (st.device_step or probs.is_cuda or had.numel() * probs.shape[-1] <= DENSE_RESIDUAL)
+        q_rows = None
+        if dense:
+            q_rows = (st.span_rows(st.ring, c0 + 1, L, "residual") if scalar
+                      else st.rows(st.ring, slots, "residual", ring_rows))
         if judged:
             cut = (lambda t: t) if judged == L else (lambda t: t[:, :judged])
             q = DraftDistributions(st.ring, cut(slots), st.batch_idx, cut(ring_rows),
-                                   starts=cut(st.span_starts(c0 + 1, L)) if scalar else None)
+                                   starts=cut(st.span_starts(c0 + 1, L)) if scalar and q_rows is None else None,
+                                   copy=q_rows)
             if coupled and not self.exact:  # the coupling keeps the exact ratio (below): the two at once
                 prob, exact_prob = self.rule.accept_probs(probs, q, x)
             else:
@@ -660,18 +670,22 @@ class SpeculativeDecoder:
             # coupling test and one residual pass serves every row.  (Rows before
             # `passed` are never read, so they need not be told apart.)
             stays = test if self.exact else coin < exact_prob
-            dense = st.device_step or probs.is_cuda or had.numel() * probs.shape[-1] <= DENSE_RESIDUAL
+            if judged:
+                q.release()  # (the residual pass overwrites the copy)
             # a rule with its own residual (LANTERN) makes its first rejection's row of that pass its own:
             # the row's draw is then the rejection's (the same uniform), with no pass of its own
             if dense and tested and levels == 0 and not self.rows and hasattr(self.rule, "relax_row"):
-                relax = partial(self.rule.relax_row, q=q, x=x, rejected=st.flag(rejected) if scalar else rejected,
-                                row=st.count(min(passed, tested - 1)) if scalar else passed.clamp(max=tested - 1))
-            drawn, residual_draws = self._coupled_draws(st, probs, slots, had, stays, x, u, dense, relax)
+                relax = partial(self.rule.relax_row, q=q, x=x, rejected=rejected,  # (a batch of one: host numbers)
+                                row=min(passed, tested - 1) if scalar else passed.clamp(max=tested - 1))
+            drawn, residual_draws, totals = self._coupled_draws(st, probs, slots, had, stays, x, u, q_rows, relax)
         else:
-            drawn = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)  # one draw per row
+            drawn, totals = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1), None  # one per row
         if scalar:  # rows that are no distribution (NaN != NaN), inside the image
-            totals = st.buffer("cumsum", L)[..., -1].tolist()[0]
-            bad = [j for j in range(min(L, T - c0 - 1)) if totals[j] != totals[j]]
+            if totals is None:
+                totals = st.buffer("cumsum", L)[0, :, -1].tolist()
+            inside = totals[:max(min(L, T - c0 - 1), 0)]
+            total = sum(inside)  # (NaN only if one is: the totals are sums of non-negative numbers)
+            bad = [] if total == total else [j for j, t in enumerate(inside) if t != t]
         else:
             bad = st.buffer("cumsum", L)[..., -1].isnan()  # rows that are no distribution
         if levels > 0:
@@ -685,8 +699,9 @@ class SpeculativeDecoder:
         # GSD resamples as SJD: the coupled rows' draws are from that residual with the same
         # uniform, so the first rejection's is the one at its row (without mass: the draft)
         from_draws = tested and residual_draws is not None and self.resamples_exactly
-        if scalar:
+        if scalar:  # (the new token is row `passed` of the draws unless a residual's draw replaces it)
             new_tok = (residual_draws if from_draws and rejected else drawn)[:, passed:passed + 1]
+            st.window_new_drawn = not (from_draws and rejected)
         else:
             new_tok = (torch.where(rejected.unsqueeze(1), residual_draws, drawn) if from_draws
                        else drawn).gather(1, passed.unsqueeze(1))
@@ -697,10 +712,11 @@ class SpeculativeDecoder:
             q_row = st.rows(st.ring, slots.gather(1, row), "q_row").squeeze(1)
             res = self.rule.residual(p_row, q_row, inp.gather(1, row + 1).squeeze(1))
             # p and q equal to float precision leave no residual mass: fall back to p
-            res = torch.where(res.sum(-1, keepdim=True) > 0, res, p_row)
+            res = torch.where(res.sum(-1, keepdim=True) >= rng.MIN_MASS, res, p_row)
             redraw = rng.categorical(res, u[..., 1].gather(1, row))
             if scalar:
                 new_tok = redraw if rejected else new_tok
+                st.window_new_drawn = st.window_new_drawn and not rejected
             else:
                 new_tok = torch.where(rejected.unsqueeze(1), redraw, new_tok)
 
@@ -792,21 +808,20 @@ class SpeculativeDecoder:
         T = st.length
         keep = passed + 1
         at = c0 + keep
-        if at < T:
+        if at < T and not st.window_new_written:  # (the draft source may have written it with the new drafts)
             st.seq[:, at:at + 1] = new_tok
         before, committed = st.host_committed[0], at + 1
         if near_end:
             keep = min(keep, max(T - c0, 0))
             committed = max(min(committed, T), before)
-        committed_before = st.n_committed
-        st.n_cached, st.n_committed = st.count(c0 + keep), st.count(committed)
-        st.log.append(("V", committed_before, st.n_committed, st.flag(rejected), st.count(at)))
+        st.n_cached, st.n_committed = c0 + keep, committed  # (host numbers: a view is cut when read, state.py)
+        st.log.append(("V", before, committed, rejected, at))  # (host numbers: report.py reads them)
         counts = st.scalar_counts
         counts["committed"] = committed
         if st.skips:
             counts["produced"] += committed - before
             counts["verified"] += before < T
-            st.produced, st.verified = st.count(counts["produced"]), st.count(counts["verified"])
+            st.produced, st.verified = counts["produced"], counts["verified"]
         st.verified_since_skip += 1
         plan = self.schedule.plan(st)
         if bad:
@@ -922,7 +937,7 @@ class SpeculativeDecoder:
         ad.keep_tree(nodes, kept)  # the waiting chain and the accepted nodes stay, the rest leaves
 
     @staticmethod
-    def _coupled_draws(st, probs, slots, had, stays, x, u, dense, relax=None):
+    def _coupled_draws(st, probs, slots, had, stays, x, u, q_rows, relax=None):
         """One token per window row, each with the row's sample uniform: the draft
         ``x`` where the row had one and it stays, a draw from ``norm(max(0, p - q))``
         (``q``: the draft's row in the ring) where it falls, a draw from ``p`` where
@@ -935,22 +950,29 @@ class SpeculativeDecoder:
         each row is drawn once from ``max(0, p - had * q)`` (a few whole-window ops,
         no host sync); larger CPU windows draw every row from ``p`` and then pick the
         falling rows, so rows that keep their draft cost no pass over the
-        vocabulary.  Both give the same tokens; ``dense`` is the caller's choice (``_verify``: the step on
-        the device draws densely too, as picking rows would read their number on the host).  Also returns the dense
-        path's residual draw of every row (the draft where the residual has no mass; None on the other path).  ``relax``
+        vocabulary.  Both give the same tokens; the caller chooses (``q_rows``: the window's q rows, copied
+        into ``st.buffer("residual")``, for the dense path; ``_verify``: the step on the device draws densely
+        too, as picking rows would read their number on the host).  Also returns the dense
+        path's residual draw of every row (the draft where the residual has no mass; None on the other path) and, for
+        a batch of one on the dense path, its rows' residual totals as the host read them (else None).  ``relax``
         (dense path only): ``relax(res, p)`` makes one row per sample the rule's residual."""
         B, L, V = probs.shape
-        if dense:
-            # rows without a draft draw from p: their q counts as zero
-            res = (st.span_rows(st.ring, st.host_cached[0] + 1, L, "residual") if st.scalar
-                   else st.rows(st.ring, slots, "residual", st.window_rows))
-            torch.addcmul(probs, res, had.unsqueeze(-1), value=-1, out=res).clamp_(min=0.0)
+        if q_rows is not None:
+            # rows without a draft draw from p: their q counts as zero (a batch of one's rows that all had one:
+            # the same numbers without the mask)
+            every = st.scalar and st.host_draft_end[0] - st.host_cached[0] - 1 >= L
+            res = (torch.sub(probs, q_rows, out=q_rows) if every
+                   else torch.addcmul(probs, q_rows, had.unsqueeze(-1), value=-1, out=q_rows)).clamp_(min=0.0)
             if relax is not None:
                 relax(res, probs)
-            drawn = rng.categorical(res, u[..., 1:], st.buffer("cumsum", L), empty="past-end").squeeze(-1)
-            # a residual without mass (p and q equal to float precision) keeps the draft
-            drawn = torch.where(drawn == V, x, drawn)
-            return torch.where(had & stays, x, drawn), drawn
+            cumsum = st.buffer("cumsum", L)
+            drawn = rng.categorical(res, u[..., 1:], cumsum, empty="past-end").squeeze(-1)
+            # a residual without mass (p and q equal to float precision) keeps the draft; a batch of one reads
+            # its rows' totals here (for NaN, _verify) and skips this where every row has mass
+            totals = cumsum[0, :, -1].tolist() if st.scalar else None
+            if totals is None or not all(t >= rng.MIN_MASS for t in totals):
+                drawn = torch.where(drawn == V, x, drawn)
+            return torch.where(stays if every else had & stays, x, drawn), drawn, totals
         redo = had & ~stays
         samples = rng.categorical(probs, u[..., 1:], st.buffer("cumsum", L)).squeeze(-1)
         tokens = torch.where(had, x, samples)
@@ -964,17 +986,18 @@ class SpeculativeDecoder:
         res.sub_(q).clamp_(min=0.0)
         draws = rng.categorical(res, u.reshape(-1, 2)[idx, 1:], q, empty="past-end")
         tokens.view(-1).index_copy_(0, idx, draws.view(-1))
-        return torch.where(tokens < V, tokens, x), None
+        return torch.where(tokens < V, tokens, x), None, None
 
     def _skip(self, st: DecodeState, m: torch.Tensor, m_host: list[int] | None):
         """Commit ``m[b]`` informed drafts of each sample without a forward (``m_host``: the host's
         copy; None on the step on the device, which reads the lengths later)."""
-        if st.scalar:  # (the lengths' tensors are views: state.py)
-            st.scalar_counts["committed"] = st.host_committed[0] + m_host[0]
-            after, took = st.count(st.scalar_counts["committed"]), st.flag(m_host[0] > 0)
+        if st.scalar:  # (host numbers: state.py, report.py)
+            before = st.host_committed[0]
+            after = st.scalar_counts["committed"] = before + m_host[0]
+            st.log.append(("S", before, after, m_host[0] > 0, None))
         else:
-            after, took = st.n_committed + m, m > 0
-        st.log.append(("S", st.n_committed, after, took, None))
+            after = st.n_committed + m
+            st.log.append(("S", st.n_committed, after, m > 0, None))
         st.n_committed = after
         if m_host is not None:
             st.host_committed = [c + d for c, d in zip(st.host_committed, m_host)]
@@ -1012,15 +1035,17 @@ class SpeculativeDecoder:
             stop = [min(c + m + st.horizon, st.length) for c, m in zip(st.host_committed, skip[1])]
         width = max(e - d for e, d in zip(stop, st.host_draft_end))
         if width > 0:
-            if st.scalar:  # the same lengths, as views (the host's mirror is exact: state.py)
-                st.draft_end, stop_t = st.count(st.host_draft_end[0]), st.count(stop[0])
+            st.extend_span = (st.host_draft_end, stop)
+            if st.scalar:  # the same lengths as host numbers (the host's mirror is exact: state.py)
+                self.drafter.extend(st, st.host_draft_end[0], stop[0], width)
+                st.host_draft_end = [max(st.host_draft_end[0], stop[0])]
+                st.draft_end = st.host_draft_end[0]
             else:
                 st.draft_end = torch.maximum(st.draft_end, st.n_committed)
                 stop_t = (st.n_committed + st.horizon + (0 if ahead is None else ahead)).clamp(max=st.length)
-            st.extend_span = (st.host_draft_end, stop)
-            self.drafter.extend(st, st.draft_end, stop_t, width)
-            st.host_draft_end = [max(d, e) for d, e in zip(st.host_draft_end, stop)]
-            st.draft_end = st.count(st.host_draft_end[0]) if st.scalar else torch.maximum(st.draft_end, stop_t)
+                self.drafter.extend(st, st.draft_end, stop_t, width)
+                st.host_draft_end = [max(d, e) for d, e in zip(st.host_draft_end, stop)]
+                st.draft_end = torch.maximum(st.draft_end, stop_t)
 
     def _notify(self, callback, st):
         if callback is None:

@@ -115,11 +115,10 @@ class TokenGeometry:
             table = self.neighbours(k)
             fits = self.row.numel() * k * 8 <= self.BY_ID_BYTES
             self._by_id = (k, table.long().index_select(0, self.row.clamp(min=0)) if fits else None)
-        flat = tokens.reshape(-1)
         by_id = self._by_id[1]
-        if by_id is not None:
-            return by_id.index_select(0, flat).view(*tokens.shape, k)
-        rows = self.row.index_select(0, flat).clamp_(min=0)
+        if by_id is not None:  # (a lookup by rows of any shape of ids: one operation)
+            return torch.embedding(by_id, tokens)
+        rows = self.row.index_select(0, tokens.reshape(-1)).clamp_(min=0)
         return self.neighbours(k).index_select(0, rows).view(*tokens.shape, k).long()
 
 

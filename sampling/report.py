@@ -84,7 +84,11 @@ def build_reports(st, config, timer, memory_mb: float, device, drafter: str = ""
     skipped = torch.zeros_like(nfe)
     unverified = torch.zeros_like(nfe)
     hist = torch.zeros(B, st.max_window + 2, dtype=torch.long, device=device)
-    for kind, before, after, flag, new in st.log:
+    def tensor(v):  # (a batch of one on the host step logs host numbers: engine._commit_on_host)
+        return v if v is None or isinstance(v, torch.Tensor) else torch.tensor([v], device=device)
+
+    for kind, *entry in st.log:
+        before, after, flag, new = map(tensor, entry)
         span = (pos >= before.unsqueeze(1)) & (pos < after.unsqueeze(1))
         if kind == "S":
             code = torch.full_like(origin, COMMITTED)
@@ -103,7 +107,7 @@ def build_reports(st, config, timer, memory_mb: float, device, drafter: str = ""
     origin = torch.where(st.forced_at[:T] >= 0, FORCED, origin)
     origins, nfe, hist = origin.tolist(), nfe.tolist(), hist.tolist()
     skipped, unverified = skipped.tolist(), unverified.tolist()
-    stability = (st.drafts_kept.sum(-1) / st.drafts_redrawn.sum(-1).clamp(min=1)).tolist()
+    stability = st.draft_stability()
     kinds = "".join(k for k, *_ in st.log)
     settings = config.to_dict()
     return [

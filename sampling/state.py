@@ -115,10 +115,32 @@ class Sizes(NamedTuple):
         return cls(drafts, skips, max_commit, horizon, max_window, pad, ring)
 
 
+def _length(name: str) -> property:
+    """A per-sample length ``[B]``.  A batch of one on the host step may set it as a host number: the tensor (a
+    view cut from the state's tables) is made when something reads it, and most steps nothing does."""
+    key = "_" + name
+
+    def read(st):
+        v = getattr(st, key)
+        if type(v) is int:
+            v = st.count(v)
+            setattr(st, key, v)
+        return v
+
+    return property(read, lambda st, v: setattr(st, key, v))
+
+
 class DecodeState:
     """Per-batch decoding state (see the module docstring for the public part)."""
 
-    def __init__(self, adapter, config: DecodeConfig, seeds, device, geometry, aranges: dict | None = None):
+    n_cached, n_committed = _length("n_cached"), _length("n_committed")
+    draft_end, informed_end = _length("draft_end"), _length("informed_end")
+    produced, verified = _length("produced"), _length("verified")
+
+    def __init__(self, adapter, config: DecodeConfig, seeds, device, geometry, shared: dict | None = None):
+        """``shared``: tensors a decoder's decodes share, which nothing writes (the aranges by width, the
+        layout's tables); a dict of its own if None."""
+        shared = {} if shared is None else shared
         lay = adapter.layout
         self.layout, self.length = lay, lay.length
         self.batch = len(seeds)
@@ -130,11 +152,16 @@ class DecodeState:
         self.drafting = sizes.drafts > 0  # drafts and verifies (its width may change: set_drafts)
         self.horizon, self.max_window, self.ring_size = sizes.horizon, sizes.max_window, sizes.ring_size
         self.sized_for = sizes.drafts
-        self.forced_at = torch.cat([lay.forced, torch.full((sizes.pad,), -1, dtype=torch.long)]).to(device)
-        free = torch.where(self.forced_at < 0, torch.arange(self.forced_at.numel(), device=device), -1)
-        self.prev_free = torch.cummax(free, 0).values  # nearest free position <= t
-        self.first_free = int(torch.nonzero(lay.forced < 0)[0])
-        self.image_ids = torch.nonzero(lay.image_tokens).flatten().to(device)
+        tables = shared.get(("layout", sizes.pad, str(device)))
+        if tables is None or tables[0] is not lay:  # (made once for a decoder's layout: a dozen operations)
+            forced_at = torch.cat([lay.forced, torch.full((sizes.pad,), -1, dtype=torch.long)]).to(device)
+            free = torch.where(forced_at < 0, torch.arange(forced_at.numel(), device=device), -1)
+            tables = shared[("layout", sizes.pad, str(device))] = (
+                lay, forced_at,
+                torch.cummax(free, 0).values,  # nearest free position <= t
+                int(torch.nonzero(lay.forced < 0)[0]), torch.nonzero(lay.image_tokens).flatten().to(device),
+                bool((lay.forced >= 0).any()))  # some positions hold a forced token
+        _, self.forced_at, self.prev_free, self.first_free, self.image_ids, self.any_forced = tables
         self.seq = self.image_ids[0].repeat(self.batch, self.length + sizes.pad)  # pad: any image token
         self.scratch = self.length + sizes.pad - 1  # a seq column that absorbs masked writes; never read
         self.ring = (torch.zeros(self.batch, self.ring_size + 1, adapter.vocab_size, device=device)
@@ -154,12 +181,11 @@ class DecodeState:
         self.host_cached = [0] * self.batch
         self.host_committed = [0] * self.batch
         self.host_draft_end = [0] * self.batch
-        self.aranges: dict[int, torch.Tensor] = {} if aranges is None else aranges  # arange(n) by n
+        self.aranges: dict[int, torch.Tensor] = shared.setdefault("aranges", {})  # arange(n) by n
         self.buffers: dict[str, torch.Tensor] = {}
         self.buffer_views: dict[tuple, torch.Tensor] = {}  # (name, rows, batch) -> its view (buffer)
         self.row_offsets: dict[int, torch.Tensor] = {}  # b * rows, by ring size (_flat)
         self.vocab = adapter.vocab_size
-        self.any_forced = bool((lay.forced >= 0).any())  # some positions hold a forced token
         self.step = 0
         self.bad_step = torch.full((self.batch,), -1, dtype=torch.long, device=device)  # AR: first NaN step
         self.bad_pos = torch.full_like(self.bad_step, -1)  # the step on the device: its position
@@ -170,7 +196,11 @@ class DecodeState:
         #: its position tensors views (span, count, first_rows)
         self.scalar = False
         self.window_passed: int | None = None  # (scalar) the row of the window's new token
-        #: (scalar) the host numbers of ``n_committed``, ``informed_end``, ``produced`` and ``verified``
+        #: (scalar) whether that token is the row's draw (``samples`` of after_verify), and whether the draft
+        #: source wrote it to seq with the new drafts (then the commit does not)
+        self.window_new_drawn = self.window_new_written = False
+        #: (scalar) the host numbers of ``n_committed``, ``informed_end``, ``produced`` and ``verified``, and
+        #: the drafts redrawn (``drafts_redrawn``'s part: draft_stability)
         self.scalar_counts: dict[str, int] = {}
         self._tables: _Tables | None = None  # (scalar) what its views are cut from, made on first use
         self._forced_host: list[bool] | None = None  # forced positions on the host, made on first use
@@ -423,7 +453,7 @@ class DecodeState:
         if t is None:
             m = self.max_window + 2
             pos = torch.arange(self.seq.shape[1] + m, device=self.seq.device)
-            steps = torch.arange(2 * m, device=pos.device) < m  # m True, then m False
+            steps = (torch.arange(2 * m, device=pos.device) < m).unsqueeze(0)  # m True, then m False
             slots = (pos % self.ring_size).unsqueeze(0)
             t = self._tables = _Tables(pos, pos.unsqueeze(0), slots, slots * self.vocab, steps, m)
         return t
@@ -448,13 +478,7 @@ class DecodeState:
         """``[1, n]`` bools: rows ``0 .. k - 1`` True, the others False (``k`` clipped to ``[0, n]``)."""
         t = self._host_tables()
         at = t.half - min(max(k, 0), n)
-        return t.steps[at:at + n].unsqueeze(0)
-
-    def flag(self, value: bool) -> torch.Tensor:
-        """A per-sample bool ``[1]``."""
-        t = self._host_tables()
-        at = t.half - bool(value)
-        return t.steps[at:at + 1]
+        return t.steps[:, at:at + n]
 
     def ring_span(self, ring: torch.Tensor, start: int, n: int) -> list[torch.Tensor]:
         """A batch of one's ``ring`` rows of positions ``start .. start + n - 1`` (``n`` at most the ring's
@@ -497,7 +521,7 @@ class DecodeState:
 
     def arange(self, n: int) -> torch.Tensor:
         if n not in self.aranges:
-            self.aranges[n] = torch.arange(n, device=self.n_cached.device)
+            self.aranges[n] = torch.arange(n, device=self.seq.device)
         return self.aranges[n]
 
     def commit_lengths(self) -> torch.Tensor:
@@ -512,6 +536,12 @@ class DecodeState:
         room = self.length - self.n_committed
         return torch.minimum(torch.minimum(tail, mal), room).clamp(min=0)
 
+    def draft_stability(self) -> list[float]:
+        """Each sample's share of redrawn drafts that kept their token (a batch of one on the host step counts
+        the redrawn ones on the host, ``scalar_counts["redrawn"]``)."""
+        redrawn = self.drafts_redrawn.sum(-1) + self.scalar_counts.get("redrawn", 0)
+        return (self.drafts_kept.sum(-1) / redrawn.clamp(min=1)).tolist()
+
     def nbytes(self) -> int:
         """Bytes of the engine's own tensors (memory reports on the CPU)."""
         tensors = [self.seq, self.ring] + list(self.buffers.values())
@@ -525,7 +555,7 @@ class _Tables(NamedTuple):
     rows: torch.Tensor  # the same, [1, n]
     slots: torch.Tensor  # their ring slots, [1, n]
     starts: torch.Tensor  # where the slots' rows start in a ring of the vocabulary's width viewed flat, [1, n]
-    steps: torch.Tensor  # `half` True, then `half` False
+    steps: torch.Tensor  # `half` True, then `half` False, [1, 2 * half]
     half: int
 
 

@@ -26,6 +26,24 @@ def test_exact_rule():
     torch.testing.assert_close(ExactAcceptance().residual(p[:, 0], q[:, 0], x[:, 0]), (p[:, 0] - q[:, 0]).clamp(min=0))
 
 
+def test_every_rule_reads_q_from_the_engines_copy_of_its_rows_as_from_the_ring():
+    """Coupled drafting copies the window's q rows before the rule (its residual pass needs them): the rules
+    read q there, the same numbers as from the ring, until the copy is released to be overwritten."""
+    p, q, x, qd = rows(B=1, N=6, seed=7)
+    geo = TokenGeometry(torch.arange(40), torch.randn(40, 4, generator=torch.Generator().manual_seed(2)), 40,
+                        torch.device("cpu"))
+    for rule in (ExactAcceptance(), GroupedAcceptance(10, 0.2), LatentRelaxedAcceptance(12, 0.2, geo)):
+        copy = torch.cat([q, torch.rand(1, 2, 40)], 1)  # (a copy may hold more rows than the drafts judged)
+        copied = DraftDistributions(qd.ring, qd.slots, copy=copy.clone())
+        for got, want in zip(rule.accept_probs(p, copied, x), rule.accept_probs(p, qd, x)):
+            assert torch.equal(got, want)
+        c = torch.randint(0, 40, (1, 6, 3))
+        assert torch.equal(copied.at(c), qd.at(c)) and torch.equal(copied.at(x), qd.at(x))
+        copied.copy.zero_()  # overwritten after release: the ring's rows are read
+        copied.release()
+        assert torch.equal(copied.at(x), qd.at(x))
+
+
 def gsd_reference(p, q, x, G, delta, d=None, vectors=None):
     """Alg. 3 with a stable sort: ties with p(x) rank below x."""
     V = p.numel()
@@ -122,6 +140,30 @@ def test_latent_rule_writes_its_residual_into_a_windows_exact_pass(k, delta, tes
         others = [n for n in range(6) if n != r]
         assert torch.equal(res[b, others], exact[b, others])
     assert torch.equal(res, exact) == (delta == 0)  # (delta = 0 is SJD: the exact residual)
+
+
+@pytest.mark.parametrize("tested_first", [False, True])
+@pytest.mark.parametrize("k,delta", [(5, 0.0), (12, 0.2), (39, 1.0)])
+def test_latent_rule_takes_a_batch_of_ones_row_as_host_numbers(k, delta, tested_first):
+    """A batch of one on the host step gives the rejected row and the outcome as numbers: the same residual
+    as the tensor form, for every row, rejected or not."""
+    p, q, x, _ = rows(B=1, N=6, seed=k)
+    geo = TokenGeometry(torch.arange(40), torch.randn(40, 4, generator=torch.Generator().manual_seed(2)), 40,
+                        torch.device("cpu"))
+    exact = (p - q).clamp(min=0)
+    for r in range(6):
+        for rejected in (True, False):
+            got, want = exact.clone(), exact.clone()
+            for res, row, rej in ((got, r, rejected), (want, torch.tensor([r]), torch.tensor([rejected]))):
+                rule = LatentRelaxedAcceptance(k, delta, geo)
+                qd = DraftDistributions(q.clone(), torch.arange(6).unsqueeze(0))
+                if tested_first:
+                    rule.accept_probs(p, qd, x)
+                rule.relax_row(res, p, qd, x, row, rej)
+                assert rule._window is None
+            assert torch.equal(got, want)
+            if not rejected:
+                assert torch.equal(got, exact)
 
 
 def test_neighbour_table_is_nearest_first_without_self():

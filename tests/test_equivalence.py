@@ -67,10 +67,13 @@ def test_a_batch_of_one_decodes_the_same_with_its_lengths_on_the_host(model, mod
     taken = []
     commit = engine.SpeculativeDecoder._commit_on_host
     monkeypatch.setattr(engine.SpeculativeDecoder, "_commit_on_host",
-                        lambda self, *a, **k: taken.append(1) or commit(self, *a, **k))
+                        lambda self, st, *a, **k: taken.append(st) or commit(self, st, *a, **k))
     for prompt, seed in [(3, 21), (1, 22), (4, 23)]:
         monkeypatch.setattr(engine, "SCALAR_STEP", True)
         host = decode(model, [prompt], [seed], mode=mode, **extra)
+        st = taken[-1]  # its lengths, set as host numbers, read as the tensors they stand for
+        assert (st.n_cached.tolist(), st.n_committed.tolist(), st.draft_end.tolist()) == \
+               (st.host_cached, st.host_committed, st.host_draft_end)
         monkeypatch.setattr(engine, "SCALAR_STEP", False)
         tensors = decode(model, [prompt], [seed], mode=mode, **extra)
         assert torch.equal(host.tokens, tensors.tokens)
