@@ -165,9 +165,10 @@ class JacobiDrafts:
         new = self._gumbel(st, probs, pos, L) if self.coupling == "gumbel" else samples
         # re-drafted: the rows after k that held a draft before this pass, inside the image
         end = min(L, st.host_draft_end[0] - c0 - 1, st.length - c0 - 1 if st.window_near_end else L)
-        if end > k + 1:  # (the redrawn count on the host: DecodeState.draft_stability)
-            st.scalar_counts["redrawn"] += end - k - 1
-            st.drafts_kept[:, k + 1:end].add_(new[:, k + 1:end] == old[:, k + 1:end])
+        if end > k + 1:  # (counted on the host: DecodeState.draft_stability; old is read before seq is written)
+            counts = st.scalar_counts
+            counts["redrawn"] += end - k - 1
+            counts["kept"] += sum(a == b for a, b in zip(new[0, k + 1:end].tolist(), old[0, k + 1:end].tolist()))
         # rows up to k keep their tokens; row k's position takes the new token, written here with the new drafts
         # where it is this pass's draw (st.window_new_drawn), by the engine's commit otherwise
         first = k if st.window_new_drawn and new is samples else k + 1

@@ -376,7 +376,7 @@ class SpeculativeDecoder:
         st.verified += 1
         st.host_committed = [1] * B
         if st.scalar:
-            st.scalar_counts.update(committed=1, informed_end=0, produced=1, verified=1, redrawn=0)
+            st.scalar_counts.update(committed=1, informed_end=0, produced=1, verified=1, redrawn=0, kept=0)
         if st.drafting:
             st.ring[:, 0] = probs[:, 0]  # position 0's p: sample-left draws from it
             st.draft_end += 1
@@ -970,7 +970,8 @@ class SpeculativeDecoder:
             # a residual without mass (p and q equal to float precision) keeps the draft; a batch of one reads
             # its rows' totals here (for NaN, _verify) and skips this where every row has mass
             totals = cumsum[0, :, -1].tolist() if st.scalar else None
-            if totals is None or not all(t >= rng.MIN_MASS for t in totals):
+            # (every total is a sum of non-negative numbers: NaN in their sum where one is)
+            if totals is None or not min(totals) >= rng.MIN_MASS or sum(totals) != sum(totals):
                 drawn = torch.where(drawn == V, x, drawn)
             return torch.where(stays if every else had & stays, x, drawn), drawn, totals
         redo = had & ~stays

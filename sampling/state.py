@@ -200,7 +200,7 @@ class DecodeState:
         #: source wrote it to seq with the new drafts (then the commit does not)
         self.window_new_drawn = self.window_new_written = False
         #: (scalar) the host numbers of ``n_committed``, ``informed_end``, ``produced`` and ``verified``, and
-        #: the drafts redrawn (``drafts_redrawn``'s part: draft_stability)
+        #: the drafts redrawn and kept (``drafts_redrawn``'s and ``drafts_kept``'s parts: draft_stability)
         self.scalar_counts: dict[str, int] = {}
         self._tables: _Tables | None = None  # (scalar) what its views are cut from, made on first use
         self._forced_host: list[bool] | None = None  # forced positions on the host, made on first use
@@ -400,7 +400,7 @@ class DecodeState:
         buf = self.buffers.get(name)
         if buf is None or buf.numel() < n:  # a window's rows at least (a draft tree's may be more), one row as one
             least = self.batch * self.max_window * self.vocab if rows > 1 else n
-            buf = self.buffers[name] = torch.empty(max(n, least), device=self.n_cached.device)
+            buf = self.buffers[name] = torch.empty(max(n, least), device=self.seq.device)
             self.buffer_views = {k: v for k, v in self.buffer_views.items() if k[0] != name}
         view = self.buffer_views[key] = buf[:n].view(self.batch, rows, self.vocab)
         return view
@@ -538,9 +538,10 @@ class DecodeState:
 
     def draft_stability(self) -> list[float]:
         """Each sample's share of redrawn drafts that kept their token (a batch of one on the host step counts
-        the redrawn ones on the host, ``scalar_counts["redrawn"]``)."""
+        both on the host, ``scalar_counts["redrawn"]`` and ``["kept"]``)."""
         redrawn = self.drafts_redrawn.sum(-1) + self.scalar_counts.get("redrawn", 0)
-        return (self.drafts_kept.sum(-1) / redrawn.clamp(min=1)).tolist()
+        kept = self.drafts_kept.sum(-1) + self.scalar_counts.get("kept", 0)
+        return (kept / redrawn.clamp(min=1)).tolist()
 
     def nbytes(self) -> int:
         """Bytes of the engine's own tensors (memory reports on the CPU)."""
