@@ -365,8 +365,10 @@ class SpeculativeDecoder:
         T = st.length
         zero = torch.zeros(B, 1, dtype=torch.long, device=device)
         probs = self.pipeline(logits.unsqueeze(2), zero)  # [B, 1, V]
-        # (position 0's numbers of step 0: the first block of numbers, which the first extension reads too)
-        u = st.uniform(rng.VERIFY, zero, 2, [1] * B, [0] * B)[..., 1:]
+        # (position 0's numbers of step 0: with drafts, from the first block of numbers, which the first extension
+        # reads too; plain AR draws its numbers for the whole image at its first step)
+        u = (st.uniform(rng.VERIFY, zero, 2, [1] * B, [0] * B) if st.drafting
+             else rng.uniform(st.keys, 0, rng.VERIFY, zero, lanes=2))[..., 1:]
         st.seq[:, :1] = rng.categorical(probs, u, st.buffer("cumsum", 1)).view(B, 1)
         raise_if_nonfinite(st.buffer("cumsum", 1)[:, 0, -1].isnan().tolist(), 0, [0] * B)
         st.log.append(("P", st.n_committed, st.n_committed + 1, torch.zeros_like(st.n_committed, dtype=torch.bool),

@@ -68,8 +68,9 @@ without a reduction) and may hold per-batch tensors of its own in ``source_state
 (a dict, emptied when images leave the batch: what it holds must be rebuilt from the state),
 and fill a ``[B, n, V]`` buffer from a ring with ``rows(ring, slots, name)``.
 
-A batch of one on the host step with Jacobi drafts (``scalar``) keeps its lengths, positions and row masks as
-views cut from kept tables (``span``, ``span_slots``, ``count``, ``first_rows``): the same values, no kernel to
+A batch of one on the host step with Jacobi drafts (``scalar``) sets its lengths as host numbers (each length
+attribute cuts its view from kept tables, ``count``, when something reads it) and keeps its positions and row
+masks as views cut from those tables (``span``, ``span_slots``, ``first_rows``): the same values, no kernel to
 compute them; nothing may write into them.  ``JacobiDrafts`` reads the window's new-token row there as
 ``window_passed``.
 
