@@ -212,17 +212,12 @@ class JacobiDrafts:
         ``start`` and ``stop`` as host numbers, made tensors only where read."""
         span = st.extend_span  # on the host step, start and stop as the host has them
         whole = span is not None and all(e - d == width for d, e in zip(*span))  # no sample stops short
-        if type(start) is int:
-            start_t = lambda: st.count(start)  # noqa: E731
-            if not whole:
-                start, stop = st.count(start), st.count(stop)
-        else:
-            start_t = lambda: start  # noqa: E731
+        tensor = st.count if type(start) is int else (lambda t: t)  # (a batch of one's numbers, where read)
         if st.scalar and whole:  # (views: state.py)
             pos, slot, valid = st.span(span[0][0], width), st.span_slots(span[0][0], width), None
         else:
-            pos = start.unsqueeze(1) + st.arange(width)
-            valid = None if whole else pos < stop.unsqueeze(1)
+            pos = tensor(start).unsqueeze(1) + st.arange(width)
+            valid = None if whole else pos < tensor(stop).unsqueeze(1)
             slot = pos % st.ring_size if whole else torch.where(valid, pos % st.ring_size, st.ring_size)
         u = st.extend_uniform(pos)
         edge = st.source_state.pop("edge", None)
@@ -235,7 +230,7 @@ class JacobiDrafts:
             elif st.scalar and not st.any_forced:  # (the ring's row itself: nothing writes it meanwhile)
                 rows = st.ring_span(st.ring, span[0][0] - 1, 1)[0].unsqueeze(0)
             else:
-                src = (st.prev_free[start_t() - 1] if st.any_forced else start_t() - 1).unsqueeze(1)
+                src = (st.prev_free[tensor(start) - 1] if st.any_forced else tensor(start) - 1).unsqueeze(1)
                 rows = st.rows(st.ring, src % st.ring_size, "init")  # [B, 1, V]
             tok = rng.categorical(rows.squeeze(1), u)
             if st.scalar and valid is None:
@@ -243,7 +238,7 @@ class JacobiDrafts:
             else:
                 st.put_rows(st.ring, slot, rows)
         else:
-            tok = self._initial(st, start_t(), pos, u, slot)
+            tok = self._initial(st, tensor(start), pos, u, slot)
         if st.any_forced:
             forced = st.forced_at[pos]
             tok = torch.where(forced >= 0, forced, tok)

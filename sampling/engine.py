@@ -973,7 +973,7 @@ class SpeculativeDecoder:
             # its rows' totals here (for NaN, _verify) and skips this where every row has mass
             totals = cumsum[0, :, -1].tolist() if st.scalar else None
             # (every total is a sum of non-negative numbers: NaN in their sum where one is)
-            if totals is None or not min(totals) >= rng.MIN_MASS or sum(totals) != sum(totals):
+            if totals is None or not min(totals) >= rng.MIN_MASS or (s := sum(totals)) != s:
                 drawn = torch.where(drawn == V, x, drawn)
             return torch.where(stays if every else had & stays, x, drawn), drawn, totals
         redo = had & ~stays

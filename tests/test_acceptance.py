@@ -39,6 +39,8 @@ def test_every_rule_reads_q_from_the_engines_copy_of_its_rows_as_from_the_ring()
             assert torch.equal(got, want)
         c = torch.randint(0, 40, (1, 6, 3))
         assert torch.equal(copied.at(c), qd.at(c)) and torch.equal(copied.at(x), qd.at(x))
+        other = torch.rand(1, 6, 40)  # (the copy is what is read while it stands)
+        assert torch.equal(DraftDistributions(qd.ring, qd.slots, copy=other).at(c), other.gather(2, c))
         copied.copy.zero_()  # overwritten after release: the ring's rows are read
         copied.release()
         assert torch.equal(copied.at(x), qd.at(x))
