@@ -7,7 +7,9 @@ sampled from (SJD/GSD's convention; LANTERN and VVS swap the letters).
 Each rule gives, for every draft of a window at once,
 
 * ``accept_prob(p, q, x)``: the probability ``min(1, ratio)`` of keeping ``x``
-  (``accept_probs``: that and the exact rule's, for coupled drafting, sharing ``p(x)`` and ``q(x)``);
+  (``ratio``: the ratio itself, which the engine tests its uniforms against: they are below 1, so
+  ``u < ratio`` is ``u < min(1, ratio)``, one operation fewer; ``ratios``: that and the exact rule's,
+  for coupled drafting, sharing ``p(x)`` and ``q(x)``);
 * ``residual(p, q, x)``: the unnormalised distribution to resample from at the
   first rejection.
 
@@ -81,12 +83,15 @@ class ExactAcceptance:
     name = "exact"
 
     def accept_prob(self, p, q: DraftDistributions, x):
-        return (_gather(p, x) / q.at(x)).clamp_(max=1.0)
+        return self.ratio(p, q, x).clamp_(max=1.0)
 
-    def accept_probs(self, p, q: DraftDistributions, x):
-        """``(accept_prob, the exact rule's)``: coupled drafting tests its drafts by both."""
-        a = ExactAcceptance.accept_prob(self, p, q, x)  # (a relaxed rule that is the exact one: G = 1)
-        return a, a
+    def ratio(self, p, q: DraftDistributions, x):
+        return self.ratios(p, q, x)[0]
+
+    def ratios(self, p, q: DraftDistributions, x):
+        """``(ratio, the exact rule's)``: coupled drafting tests its drafts by both."""
+        r = _gather(p, x) / q.at(x)
+        return r, r
 
     def residual(self, p, q, x):
         return (p - q).clamp_(min=0.0)
@@ -120,41 +125,33 @@ class GroupedAcceptance(ExactAcceptance):
         self.delta, self.distance, self.geometry = delta, distance, geometry
         self._below = _next_float32_up(delta)
 
-    def accept_prob(self, p, q, x):
-        return self.accept_probs(p, q, x)[0]
-
-    def accept_probs(self, p, q, x):
+    def ratios(self, p, q, x):
         if self.up + self.down == 0:
-            return super().accept_probs(p, q, x)
+            return super().ratios(p, q, x)
         # a group larger than the vocabulary is the whole ranking (clipped at its ends)
         up, down = min(self.up, p.shape[-1] - 1), min(self.down, p.shape[-1] - 1)
         at_x = x.unsqueeze(-1)
         px = p.gather(-1, at_x)
         diff = p - px
-        # the group: x, then the members' ids by their distance |p(c) - p(x)| from it (inf: no member).  The
-        # ranks below come from a topk that ranks x first (its key -1: down >= 1 whenever up + down > 0)
+        # the group in rank order: ids c and their distances |p(c) - p(x)| (inf: no member), the `up` ranked just
+        # above x (nearest first), then x and the `down` just below, which a topk ranks x first of (its key -1)
         inf = float("inf")
         if up:  # smallest positive differences: ranked just above x
-            k_up, i_up = torch.topk(F.threshold(diff, 0.0, inf), up, dim=-1, largest=False)
+            k_up, c_up = torch.topk(F.threshold(diff, 0.0, inf), up, dim=-1, largest=False)
         # smallest non-negative p(x) - p(c) (the same ops as above: on this CPU an operation's first call after a
         # forward costs most of its time)
         below = F.threshold(torch.sub(px, p, out=diff), KEEP_NON_NEGATIVE, inf).scatter_(-1, at_x, -1.0)
-        k, i = torch.topk(below, down + 1, dim=-1, largest=False)
-        members, gaps = [i[..., :1]], [k[..., :1]]  # x (its distance -1 passes the delta test)
+        k, c = torch.topk(below, down + 1, dim=-1, largest=False)
         if up:
-            members.append(i_up)
-            gaps.append(k_up)
-        members.append(i[..., 1:])
-        gaps.append(k[..., 1:])
-        c = torch.cat(members, -1)
-        keep = torch.cat(gaps, -1) < self._below  # the distance is the delta test (<= delta); inf fails it
+            k, c = torch.cat([k_up, k], -1), torch.cat([c_up, c], -1)
+        keep = k < self._below  # the distance is the delta test (<= delta); inf fails it, x's -1 passes
         if self.distance is not None:
             g = self.geometry
             keep &= (g.vec(c) - g.vec(x).unsqueeze(-2)).square_().sum(-1) <= self.distance
         p_group = (p.gather(-1, c) * keep).sum(-1)
-        qc = q.at(c)  # (its first column is q(x): the exact rule's ratio reads it)
+        qc = q.at(c)  # (column `up` is q(x): the exact rule's ratio reads it)
         q_group = (qc * keep).sum(-1)
-        return (p_group / q_group).clamp_(max=1.0), (px.squeeze(-1) / qc[..., 0]).clamp_(max=1.0)
+        return p_group / q_group, px.squeeze(-1) / qc[..., up]
 
 
 class LatentRelaxedAcceptance(ExactAcceptance):
@@ -182,18 +179,18 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         in_a = pn.cumsum(-1) < self._within
         return nb, pn, in_a, (pn * in_a).sum(-1)
 
-    def accept_prob(self, p, q, x):
+    def ratio(self, p, q, x):
         _, qx, lifted = self._lifted(p, q, x, self._neighbourhood(p, x)[3])
-        return (lifted / qx).clamp_(max=1.0)
+        return lifted / qx
 
-    def accept_probs(self, p, q, x):
+    def ratios(self, p, q, x):
         nb, _, in_a, mass = self._neighbourhood(p, x)
         px, qx, lifted = self._lifted(p, q, x, mass)
         # relax_row reads its row's (the window's rejection comes next): A's ids (x's elsewhere) and the
         # residual's value at x.  p is known by where it lies, not held: a decode's distributions are not
         # kept past it by the rule
         self._window = (x, p.data_ptr(), torch.where(in_a, nb, x.unsqueeze(-1)), lifted - qx)
-        return (lifted / qx).clamp_(max=1.0), (px / qx).clamp_(max=1.0)
+        return lifted / qx, px / qx
 
     @staticmethod
     def _lifted(p, q, x, mass):
@@ -223,7 +220,7 @@ class LatentRelaxedAcceptance(ExactAcceptance):
         first = at * V  # the row's offset in a sample's flattened window
         where_x = first + xr
         seen, self._window = self._window, None
-        if seen is not None and seen[0] is x and seen[1] == p.data_ptr():  # accept_probs' of this window
+        if seen is not None and seen[0] is x and seen[1] == p.data_ptr():  # ratios' of this window
             zero_at = seen[2].gather(1, at.unsqueeze(2).expand(B, 1, self.k)).view(B, self.k)
             lifted = seen[3].gather(1, at)
         else:

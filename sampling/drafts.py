@@ -149,7 +149,7 @@ class JacobiDrafts:
             end = pos[:, -1] + 1
             # where the rows end on the host, and the last one's distribution: an extension from there
             # draws from it (``extend``: the ring's copy, read without a copy of its own)
-            st.source_state["edge"] = ([c + L + 1 for c in st.host_cached], probs[:, L - 1:])
+            st.source_state["edge"] = ([c + L + 1 for c in st.host_cached], probs[:, L - 1:], None)
         else:
             st.put_rows(st.ring, torch.where(inside, st.window_slots, st.ring_size), probs)
             end = pos[:, 0] + st.window_width
@@ -177,7 +177,7 @@ class JacobiDrafts:
             st.seq[:, c0 + first + 1:c0 + L + 1] = new[:, first:]
         st.put_span(st.ring, c0 + 1, L, probs)
         end = c0 + L + 1
-        st.source_state["edge"] = ([end], probs[:, L - 1:])
+        st.source_state["edge"] = ([end], probs[:, L - 1:], st.window_last_cdf)
         st.host_draft_end = [max(st.host_draft_end[0], end)]
         st.draft_end = st.host_draft_end[0]  # (host numbers: views when read, state.py)
         counts = st.scalar_counts
@@ -225,14 +225,16 @@ class JacobiDrafts:
             # the common case, in few ops: every sample has a free position left of
             # ``start``, and its new positions all draw from that position's row
             # (with no forced position every position is free: prev_free[t] is t)
+            cdf = None
             if edge is not None and not st.any_forced and span is not None and span[0] == edge[0]:
                 rows = edge[1]  # ``start - 1`` is the last window row's position: its row, at hand
+                cdf = edge[2]  # (and its sums, where the engine drew from it)
             elif st.scalar and not st.any_forced:  # (the ring's row itself: nothing writes it meanwhile)
                 rows = st.ring_span(st.ring, span[0][0] - 1, 1)[0].unsqueeze(0)
             else:
                 src = (st.prev_free[tensor(start) - 1] if st.any_forced else tensor(start) - 1).unsqueeze(1)
                 rows = st.rows(st.ring, src % st.ring_size, "init")  # [B, 1, V]
-            tok = rng.categorical(rows.squeeze(1), u)
+            tok = rng.categorical(rows.squeeze(1), u) if cdf is None else rng.categorical_by_sums(*cdf, u)
             if st.scalar and valid is None:
                 st.put_span(st.ring, span[0][0], width, rows)
             else:

@@ -363,7 +363,7 @@ class SpeculativeDecoder:
             st.fixed = torch.full_like(st.seq, -1)
             st.row_drafted = torch.zeros_like(st.seq, dtype=torch.bool)
         T = st.length
-        zero = torch.zeros(B, 1, dtype=torch.long, device=device)
+        zero = st.span(0, 1) if st.scalar else torch.zeros(B, 1, dtype=torch.long, device=device)
         probs = self.pipeline(logits.unsqueeze(2), zero)  # [B, 1, V]
         # (position 0's numbers of step 0: with drafts, from the first block of numbers, which the first extension
         # reads too; plain AR draws its numbers for the whole image at its first step)
@@ -371,17 +371,23 @@ class SpeculativeDecoder:
              else rng.uniform(st.keys, 0, rng.VERIFY, zero, lanes=2))[..., 1:]
         st.seq[:, :1] = rng.categorical(probs, u, st.buffer("cumsum", 1)).view(B, 1)
         raise_if_nonfinite(st.buffer("cumsum", 1)[:, 0, -1].isnan().tolist(), 0, [0] * B)
-        st.log.append(("P", st.n_committed, st.n_committed + 1, torch.zeros_like(st.n_committed, dtype=torch.bool),
-                       st.n_committed))
-        st.n_committed = st.n_committed + 1
-        st.produced += 1
-        st.verified += 1
-        st.host_committed = [1] * B
-        if st.scalar:
+        if st.scalar:  # (host numbers: state.py)
+            st.log.append(("P", 0, 1, False, 0))
+            st.n_committed = st.produced = st.verified = 1
             st.scalar_counts.update(committed=1, informed_end=0, produced=1, verified=1, redrawn=0, kept=0)
+        else:
+            st.log.append(("P", st.n_committed, st.n_committed + 1,
+                           torch.zeros_like(st.n_committed, dtype=torch.bool), st.n_committed))
+            st.n_committed = st.n_committed + 1
+            st.produced += 1
+            st.verified += 1
+        st.host_committed = [1] * B
         if st.drafting:
             st.ring[:, 0] = probs[:, 0]  # position 0's p: sample-left draws from it
-            st.draft_end += 1
+            if st.scalar:
+                st.draft_end = 1
+            else:
+                st.draft_end += 1
             st.host_draft_end = [1] * B
             if hasattr(self.drafter, "check"):  # checked when built; again to bind it to this decoder's
                 self.drafter.check(ad)  # vocabulary, as one source may serve decoders of both
@@ -614,23 +620,25 @@ class SpeculativeDecoder:
         # what the draft source reads of this window (state.py)
         st.window_targets, st.window_slots, st.window_had = target, slots, had
         st.window_drafts, st.window_rows, st.window_near_end = (x if coupled else None), ring_rows, near_end
-        st.window_width = width
+        st.window_width, st.window_last_cdf = width, None  # (the coupled draws may set the latter)
         # coupled drafting draws every row from a residual pass over the window's q rows (dense) or picks
-        # the falling rows (large CPU windows); the dense pass's copy of q serves the rule first
+        # the falling rows (large CPU windows); the dense pass's rows of q serve the rule first (a batch of one's
+        # are the ring's own where they do not wrap around it: the pass writes the residual beside them)
         dense = coupled and (st.device_step or probs.is_cuda or had.numel() * probs.shape[-1] <= DENSE_RESIDUAL)
         q_rows = None
         if dense:
-            q_rows = (st.span_rows(st.ring, c0 + 1, L, "residual") if scalar
+            q_rows = (st.span_rows(st.ring, c0 + 1, L, "residual", view=True) if scalar
                       else st.rows(st.ring, slots, "residual", ring_rows))
         if judged:
             cut = (lambda t: t) if judged == L else (lambda t: t[:, :judged])
             q = DraftDistributions(st.ring, cut(slots), st.batch_idx, cut(ring_rows),
                                    starts=cut(st.span_starts(c0 + 1, L)) if scalar and q_rows is None else None,
                                    copy=q_rows)
+            # (ratios, not min(1, ratio): the uniforms are below 1, so the same tests)
             if coupled and not self.exact:  # the coupling keeps the exact ratio (below): the two at once
-                prob, exact_prob = self.rule.accept_probs(probs, q, x)
+                prob, exact_prob = self.rule.ratios(probs, q, x)
             else:
-                prob = exact_prob = self.rule.accept_prob(cut(probs), q, cut(x))
+                prob = exact_prob = self.rule.ratio(cut(probs), q, cut(x))
             test = cut(coin) < prob
         if scalar:  # the same rows stand, counted on the host
             passed = self._passed_on_host(st, test, tested, c0, st.host_committed[0] - c0 - 1) if tested else 0
@@ -953,7 +961,8 @@ class SpeculativeDecoder:
         no host sync); larger CPU windows draw every row from ``p`` and then pick the
         falling rows, so rows that keep their draft cost no pass over the
         vocabulary.  Both give the same tokens; the caller chooses (``q_rows``: the window's q rows, copied
-        into ``st.buffer("residual")``, for the dense path; ``_verify``: the step on the device draws densely
+        into ``st.buffer("residual")`` or a batch of one's ring rows themselves, for the dense path, which writes
+        the residual into that buffer; ``_verify``: the step on the device draws densely
         too, as picking rows would read their number on the host).  Also returns the dense
         path's residual draw of every row (the draft where the residual has no mass; None on the other path) and, for
         a batch of one on the dense path, its rows' residual totals as the host read them (else None).  ``relax``
@@ -963,8 +972,9 @@ class SpeculativeDecoder:
             # rows without a draft draw from p: their q counts as zero (a batch of one's rows that all had one:
             # the same numbers without the mask)
             every = st.scalar and st.host_draft_end[0] - st.host_cached[0] - 1 >= L
-            res = (torch.sub(probs, q_rows, out=q_rows) if every
-                   else torch.addcmul(probs, q_rows, had.unsqueeze(-1), value=-1, out=q_rows)).clamp_(min=0.0)
+            out = st.buffer("residual", L)  # (q_rows itself, or beside the ring's rows: span_rows)
+            res = (torch.sub(probs, q_rows, out=out) if every
+                   else torch.addcmul(probs, q_rows, had.unsqueeze(-1), value=-1, out=out)).clamp_(min=0.0)
             if relax is not None:
                 relax(res, probs)
             cumsum = st.buffer("cumsum", L)
@@ -972,6 +982,8 @@ class SpeculativeDecoder:
             # a residual without mass (p and q equal to float precision) keeps the draft; a batch of one reads
             # its rows' totals here (for NaN, _verify) and skips this where every row has mass
             totals = cumsum[0, :, -1].tolist() if st.scalar else None
+            # the last row held no draft: its sums are p's, which the next extension draws from (drafts.py)
+            st.window_last_cdf = (cumsum[:, L - 1], totals[L - 1]) if st.scalar and not every else None
             # (every total is a sum of non-negative numbers: NaN in their sum where one is)
             if totals is None or not min(totals) >= rng.MIN_MASS or (s := sum(totals)) != s:
                 drawn = torch.where(drawn == V, x, drawn)

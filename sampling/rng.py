@@ -41,9 +41,16 @@ PROACTIVE = 4000  # proactive drafting: + 0 its alternatives' gumbel noise, + 1 
 COUPLE = 1000  # coupled Jacobi drafts: COUPLE + 1 the gumbel noise by position * V + token id (maximal reuses VERIFY's)
 
 
+_WORD = (1 << 64) - 1
+
+
 def _wrap(v: int) -> int:
     """A Python int as the signed 64-bit word it wraps to."""
     return (v + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+_LANE_SHIFTS: dict = {}  # the two lanes' shifts, by device (UniformBlock)
+_BLOCK_TABLES: dict = {}  # UniformBlock's key words by (streams, steps, device)
 
 
 def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
@@ -57,12 +64,21 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
+def _mix_host(x: int) -> int:
+    """:func:`_mix` of one word held as a Python int in ``[0, 2**64)``."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _WORD
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _WORD
+    return x ^ (x >> 31)
+
+
 def seed_keys(seeds, device=None) -> torch.Tensor:
     """Per-sample keys, computed once per batch.  ``seeds``: Python integers of any
-    size (taken modulo 2**64, so 2**64 - 1 and -1 are the same seed) or an int64 tensor."""
-    if not isinstance(seeds, torch.Tensor):
-        seeds = torch.tensor([_wrap(int(s)) for s in seeds], dtype=torch.long, device=device)
-    return _mix(seeds * _GAMMA + _GAMMA)
+    size (taken modulo 2**64, so 2**64 - 1 and -1 are the same seed) or an int64 tensor.
+    (Integers are mixed on the host: the same words as the tensor arithmetic, one tensor made.)"""
+    if isinstance(seeds, torch.Tensor):
+        return _mix(seeds * _GAMMA + _GAMMA)
+    return torch.tensor([_wrap(_mix_host((int(s) * _GAMMA + _GAMMA) & _WORD)) for s in seeds], dtype=torch.long,
+                        device=device)
 
 
 def uniform(keys: torch.Tensor, step: int | torch.Tensor, stream: int, positions: torch.Tensor,
@@ -98,16 +114,35 @@ class UniformBlock:
         if not set(lanes.values()) <= {1, 2}:
             raise ValueError(f"a block holds one or two lanes a stream (got {lanes})")
         self.step0, self.steps, self.lo, self.width, self.lanes = step0, steps, lo, width, lanes
-        self.start = torch.tensor(lo, device=keys.device).unsqueeze(1)  # [B, 1]
-        grid = (self.start + torch.arange(width, device=keys.device)).unsqueeze(1)  # [B, 1, P]
-        step = torch.arange(step0, step0 + steps, device=keys.device).view(1, 1, steps, 1)
-        # every stream in one pass of the hash (uniform's arithmetic, a stream axis in front)
-        streams = torch.tensor(list(lanes), device=keys.device).view(-1, 1, 1, 1)
-        key = keys.view(1, -1, 1, 1) + (step * 4096 + streams) * _GAMMA  # [S, B, K, 1]
-        h = _mix(key ^ (grid * _GAMMA))
-        both = torch.stack([_shr(h, 40), _shr(h, 16) & 0xFFFFFF], -1).to(torch.float32) * (1.0 / (1 << 24))
-        self.numbers = {s: both[i] if n == 2 else both[i, ..., 0].contiguous()  # [B, K, P(, n)]
-                        for i, (s, n) in enumerate(lanes.items())}
+        dev = self.device = keys.device
+        self._start = None
+        # every stream in one pass of the hash (uniform's arithmetic, a stream axis in front).  The key's words
+        # (step * 4096 + stream) * gamma and a position's position * gamma are sums of a table's (steps and
+        # positions from 0, kept by shape) and one host number's: int64 arithmetic wraps, so the same words
+        tables = _BLOCK_TABLES.get((tuple(lanes), steps, dev))
+        if tables is None or tables[1].numel() < width:
+            by_step = [[_wrap((k * 4096 + stream) * _GAMMA) for k in range(steps)] for stream in lanes]
+            at = torch.arange(max(width, 512), device=dev) * _GAMMA
+            tables = _BLOCK_TABLES[(tuple(lanes), steps, dev)] = (
+                torch.tensor(by_step, device=dev).view(len(lanes), 1, steps, 1), at)
+        key = (tables[0] + keys.view(1, -1, 1, 1)).add_(_wrap(step0 * 4096 * _GAMMA))  # [S, B, K, 1]
+        at = tables[1][:width]
+        grid = (at + _wrap(lo[0] * _GAMMA) if len(lo) == 1  # [B or 1, 1, P]: position * gamma
+                else at + torch.tensor([_wrap(p * _GAMMA) for p in lo], device=dev).unsqueeze(1)).unsqueeze(-2)
+        h = _mix(key ^ grid)
+        shifts = _LANE_SHIFTS.get(dev)
+        if shifts is None:
+            shifts = _LANE_SHIFTS[dev] = torch.tensor([40, 16], device=dev)
+        # a lane: 24 bits of the hash (uniform's), exact in float32 and scaled there
+        self.numbers = {s: ((h[i].unsqueeze(-1) >> shifts if n == 2 else h[i] >> 40) & 0xFFFFFF) * (1.0 / (1 << 24))
+                        for i, (s, n) in enumerate(lanes.items())}  # [B, K, P(, n)]
+
+    @property
+    def start(self) -> torch.Tensor:
+        """Each sample's first position ``[B, 1]``."""
+        if self._start is None:
+            self._start = torch.tensor(self.lo, device=self.device).unsqueeze(1)
+        return self._start
 
     def covers(self, step: int, stream: int, lanes: int, upto: list[int]) -> bool:
         """Whether it holds ``stream``'s numbers at ``step`` for every position below ``upto[b]``."""
@@ -152,6 +187,13 @@ def categorical(probs: torch.Tensor, u: torch.Tensor, workspace: torch.Tensor | 
     c = probs.cumsum(-1) if workspace is None else torch.cumsum(probs, -1, out=workspace)
     ids = torch.searchsorted(c, u * c[..., -1:], right=True)
     return ids.clamp_(max=probs.shape[-1] - 1) if empty == "clamp" else ids
+
+
+def categorical_by_sums(cdf: torch.Tensor, total: float, u: torch.Tensor) -> torch.Tensor:
+    """:func:`categorical`'s draws (``empty="clamp"``) from one row per sample whose cumulative sums ``cdf``
+    ``[B, V]`` a draw already made, with their last, ``total``, read on the host (a batch of one): the same ids."""
+    ids = torch.searchsorted(cdf, u * total, right=True)
+    return ids if total >= MIN_MASS else ids.clamp_(max=cdf.shape[-1] - 1)
 
 
 def exponential(keys: torch.Tensor, stream: int, positions: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -32,6 +32,9 @@ name                shape / type                   meaning (R = read, W = write)
 ``window_near_end`` bool                           R some of its rows predict past an image's end
 ``window_width``    int64 ``[]`` or None           R on the device step after a skip: the window's width,
                                                    its rows at and past it not the window's (None: all are)
+``window_last_cdf`` ``(f32 [1, V], float)``        R a batch of one's last window row's cumulative sums and
+                    or None                        total where the engine drew that row from its ``p`` (it
+                                                   held no draft): what ``rng.categorical`` makes of ``p``
 ``extend_span``     ``(list[int], list[int])``     R in ``extend`` on the host step: each sample's ``start``
                                                    and ``stop`` as the host has them (None on the device step)
 ``extend_uniform``  method                         R the numbers of an extension's positions (``extend``)
@@ -147,7 +150,11 @@ class DecodeState:
         self.batch = len(seeds)
         self.seeds = seeds
         self.keys = rng.seed_keys(seeds, device)
-        self.batch_idx = torch.arange(self.batch, device=device).unsqueeze(1)
+        self.shared = shared
+        self.batch_idx = shared.get(("batch_idx", self.batch, str(device)))
+        if self.batch_idx is None:
+            self.batch_idx = shared[("batch_idx", self.batch, str(device))] = torch.arange(
+                self.batch, device=device).unsqueeze(1)
         sizes = Sizes.of(config, lay)
         self.drafts, self.skips, self.max_commit = sizes.drafts, sizes.skips, sizes.max_commit
         self.drafting = sizes.drafts > 0  # drafts and verifies (its width may change: set_drafts)
@@ -161,19 +168,16 @@ class DecodeState:
                 lay, forced_at,
                 torch.cummax(free, 0).values,  # nearest free position <= t
                 int(torch.nonzero(lay.forced < 0)[0]), torch.nonzero(lay.image_tokens).flatten().to(device),
-                bool((lay.forced >= 0).any()))  # some positions hold a forced token
-        _, self.forced_at, self.prev_free, self.first_free, self.image_ids, self.any_forced = tables
-        self.seq = self.image_ids[0].repeat(self.batch, self.length + sizes.pad)  # pad: any image token
+                bool((lay.forced >= 0).any()),  # some positions hold a forced token
+                int(torch.nonzero(lay.image_tokens)[0]))
+        _, self.forced_at, self.prev_free, self.first_free, self.image_ids, self.any_forced, image_id = tables
+        self.seq = torch.full((self.batch, self.length + sizes.pad), image_id, device=device)  # pad: any image token
         self.scratch = self.length + sizes.pad - 1  # a seq column that absorbs masked writes; never read
         self.ring = (torch.zeros(self.batch, self.ring_size + 1, adapter.vocab_size, device=device)
                      if self.drafts else None)
         self.geometry = geometry
-        zeros = torch.zeros(self.batch, dtype=torch.long, device=device)
-        self.n_cached, self.n_committed = zeros.clone(), zeros.clone()
-        self.draft_end = zeros.clone()
-        self.informed_end = zeros.clone()
-        self.produced = zeros.clone()
-        self.verified = zeros.clone()
+        (self.n_cached, self.n_committed, self.draft_end, self.informed_end, self.produced,
+         self.verified) = torch.zeros(6, self.batch, dtype=torch.long, device=device)  # (rows of one: no copies)
         self.drafts_redrawn = torch.zeros(self.batch, self.max_window, dtype=torch.long, device=device)
         self.drafts_kept = torch.zeros_like(self.drafts_redrawn)
         self.source_state: dict = {}
@@ -188,8 +192,8 @@ class DecodeState:
         self.row_offsets: dict[int, torch.Tensor] = {}  # b * rows, by ring size (_flat)
         self.vocab = adapter.vocab_size
         self.step = 0
-        self.bad_step = torch.full((self.batch,), -1, dtype=torch.long, device=device)  # AR: first NaN step
-        self.bad_pos = torch.full_like(self.bad_step, -1)  # the step on the device: its position
+        # AR: the first NaN step; the step on the device: its position
+        self.bad_step, self.bad_pos = torch.full((2, self.batch), -1, dtype=torch.long, device=device)
         #: the verify step stays on the device (engine.py): the host_* lists are read every few
         #: steps only (then lower bounds of the lengths); a source must not need them exact
         self.device_step = False
@@ -207,7 +211,7 @@ class DecodeState:
         self._forced_host: list[bool] | None = None  # forced positions on the host, made on first use
         self.verified_since_skip = 0
         self.window_positions = self.window_targets = self.window_slots = self.window_had = None
-        self.window_drafts = self.window_rows = self.extend_span = None
+        self.window_drafts = self.window_rows = self.extend_span = self.window_last_cdf = None
         # a skip due next whose extension is drawn early (engine._extend_on_host): each sample's position
         # from which the numbers are the skip step's, and that step
         self.extend_split: tuple[list[int], int] | None = None
@@ -451,12 +455,16 @@ class DecodeState:
 
     def _host_tables(self) -> "_Tables":
         t = self._tables
-        if t is None:
+        if t is None:  # (a decoder's decodes share them: state.shared)
             m = self.max_window + 2
-            pos = torch.arange(self.seq.shape[1] + m, device=self.seq.device)
-            steps = (torch.arange(2 * m, device=pos.device) < m).unsqueeze(0)  # m True, then m False
-            slots = (pos % self.ring_size).unsqueeze(0)
-            t = self._tables = _Tables(pos, pos.unsqueeze(0), slots, slots * self.vocab, steps, m)
+            key = ("host", self.seq.shape[1] + m, m, self.ring_size, self.vocab, str(self.seq.device))
+            t = self._tables = self.shared.get(key)
+            if t is None:
+                pos = torch.arange(self.seq.shape[1] + m, device=self.seq.device)
+                steps = (torch.arange(2 * m, device=pos.device) < m).unsqueeze(0)  # m True, then m False
+                slots = (pos % self.ring_size).unsqueeze(0)
+                t = self._tables = self.shared[key] = _Tables(pos, pos.unsqueeze(0), slots, slots * self.vocab,
+                                                              steps, m)
         return t
 
     def span(self, start: int, n: int) -> torch.Tensor:
@@ -489,9 +497,12 @@ class DecodeState:
             return [ring[0, a:a + n]]
         return [ring[0, a:self.ring_size], ring[0, :a + n - self.ring_size]]
 
-    def span_rows(self, ring: torch.Tensor, start: int, n: int, name: str) -> torch.Tensor:
-        """``rows`` of a batch of one's positions ``start .. start + n - 1``, by slices."""
+    def span_rows(self, ring: torch.Tensor, start: int, n: int, name: str, view: bool = False) -> torch.Tensor:
+        """``rows`` of a batch of one's positions ``start .. start + n - 1``, by slices (``view``: the ring's own
+        rows where one slice holds them, for a reader done before they are written)."""
         parts = self.ring_span(ring, start, n)
+        if view and len(parts) == 1:
+            return parts[0].unsqueeze(0)
         out = self.buffer(name, n)
         if len(parts) == 1:
             out[0].copy_(parts[0])

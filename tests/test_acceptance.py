@@ -35,7 +35,7 @@ def test_every_rule_reads_q_from_the_engines_copy_of_its_rows_as_from_the_ring()
     for rule in (ExactAcceptance(), GroupedAcceptance(10, 0.2), LatentRelaxedAcceptance(12, 0.2, geo)):
         copy = torch.cat([q, torch.rand(1, 2, 40)], 1)  # (a copy may hold more rows than the drafts judged)
         copied = DraftDistributions(qd.ring, qd.slots, copy=copy.clone())
-        for got, want in zip(rule.accept_probs(p, copied, x), rule.accept_probs(p, qd, x)):
+        for got, want in zip(rule.ratios(p, copied, x), rule.ratios(p, qd, x)):
             assert torch.equal(got, want)
         c = torch.randint(0, 40, (1, 6, 3))
         assert torch.equal(copied.at(c), qd.at(c)) and torch.equal(copied.at(x), qd.at(x))
@@ -119,7 +119,7 @@ def test_latent_rule_matches_the_paper(k, delta):
 def test_latent_rule_writes_its_residual_into_a_windows_exact_pass(k, delta, tested_first):
     """Coupled drafting draws every window row from ``max(0, p - q)`` at once; LANTERN's first rejection
     takes its own residual in that pass (the row made the rule's), the other rows and the samples
-    without a rejection as they were.  After the window's test (``accept_probs``) the row's
+    without a rejection as they were.  After the window's test (``ratios``) the row's
     neighbourhood is the test's; on its own the rule finds it again: the same residual."""
     p, q, x, qd = rows(B=4, N=6, seed=k)
     geo = TokenGeometry(torch.arange(40), torch.randn(40, 4, generator=torch.Generator().manual_seed(2)), 40,
@@ -129,7 +129,7 @@ def test_latent_rule_writes_its_residual_into_a_windows_exact_pass(k, delta, tes
     row, rejected = torch.tensor([0, 3, 5, 2]), torch.tensor([True, True, True, False])
     res = exact.clone()
     if tested_first:
-        rule.accept_probs(p, qd, x)
+        rule.ratios(p, qd, x)
     looked_up = []
     geo.neighbour_ids = lambda ids, k, find=geo.neighbour_ids: looked_up.append(ids) or find(ids, k)
     rule.relax_row(res, p, qd, x, row, rejected)
@@ -160,7 +160,7 @@ def test_latent_rule_takes_a_batch_of_ones_row_as_host_numbers(k, delta, tested_
                 rule = LatentRelaxedAcceptance(k, delta, geo)
                 qd = DraftDistributions(q.clone(), torch.arange(6).unsqueeze(0))
                 if tested_first:
-                    rule.accept_probs(p, qd, x)
+                    rule.ratios(p, qd, x)
                 rule.relax_row(res, p, qd, x, row, rej)
                 assert rule._window is None
             assert torch.equal(got, want)
@@ -222,3 +222,25 @@ def test_a_new_decoder_of_the_same_codebook_reuses_its_neighbour_table(monkeypat
     assert again is first and builds == []
     TokenGeometry(torch.arange(50), vectors + 1, 50, torch.device("cpu")).neighbours(5)  # another codebook
     assert builds == [5]
+
+
+def test_a_uniform_below_the_ratio_is_below_the_acceptance_probability():
+    """The engine tests its uniforms (below 1) against each rule's ratio, not min(1, ratio): the same
+    tests, where q(x) is 0 (an infinite ratio) and where p(x) and q(x) are (NaN: both fail)."""
+    p, _, x, qd = rows(seed=5)
+    ring = qd.ring  # [B, N, V]: row j's q in slot j
+    ring[0, 0, x[0, 0]] = 0.0  # p(x) / 0
+    ring[2, 3, x[2, 3]] = 0.0
+    p[0, 1, x[0, 1]] = 0.0  # 0 / 0
+    ring[0, 1, x[0, 1]] = 0.0
+    u = torch.tensor([0.0, 2.0 ** -24, 0.25, 0.5, 0.75, 1.0 - 2.0 ** -24]).view(-1, 1, 1)
+    geo = TokenGeometry(torch.arange(40), torch.randn(40, 3, generator=torch.Generator().manual_seed(1)), 40,
+                        torch.device("cpu"))
+    exact = ExactAcceptance().accept_prob(p, qd, x)
+    for rule in (ExactAcceptance(), GroupedAcceptance(10, 0.2), LatentRelaxedAcceptance(12, 0.2, geo)):
+        ratio, exact_ratio = rule.ratios(p, qd, x)
+        assert torch.isinf(exact_ratio[0, 0]) and torch.isnan(exact_ratio[0, 1])
+        assert (ratio > 1).any()  # (where a clamp would have cut it)
+        assert torch.equal(u < ratio, u < rule.accept_prob(p, qd, x))
+        assert torch.equal(u < exact_ratio, u < exact)
+        torch.testing.assert_close(rule.ratio(p, qd, x), ratio, equal_nan=True, rtol=0, atol=0)

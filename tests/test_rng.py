@@ -1,18 +1,26 @@
 """The counter-based numbers: a block hashed for several steps at once holds the numbers each
 step would hash for itself."""
+import pytest
 import torch
 
 from spec_ar.sampling import rng
 
 
-def test_a_block_holds_each_steps_own_numbers_at_every_position_it_covers():
-    keys = rng.seed_keys([0, -1, 2**63, 123456789123456789])
-    lo = [0, 17, 5, 300]
+def test_seed_keys_of_host_numbers_are_the_tensor_arithmetics():
+    seeds = [0, 1, -1, 2**63, 2**64 - 1, 2**70 + 5, -(2**63), 123456789123456789]
+    as_words = torch.tensor([(s + 2**63) % 2**64 - 2**63 for s in seeds])
+    assert torch.equal(rng.seed_keys(seeds), rng.seed_keys(as_words))
+    assert torch.equal(rng.seed_keys([-1]), rng.seed_keys([2**64 - 1]))
+
+
+@pytest.mark.parametrize("lo", [[0, 17, 5, 300], [9], [2**40]])
+def test_a_block_holds_each_steps_own_numbers_at_every_position_it_covers(lo):
+    keys = rng.seed_keys([0, -1, 2**63, 123456789123456789][:len(lo)])
     block = rng.UniformBlock(keys, 11, 8, lo, 40, {rng.VERIFY: 2, rng.INIT: 1})
     start = torch.tensor(lo).unsqueeze(1)
     for step in range(11, 19):
         for stream, lanes in ((rng.VERIFY, 2), (rng.INIT, 1)):
-            positions = start + torch.tensor([[0, 1, 2, 39], [3, 9, 10, 20], [39, 0, 7, 7], [12, 13, 14, 15]])
+            positions = start + torch.tensor([[0, 1, 2, 39], [3, 9, 10, 20], [39, 0, 7, 7], [12, 13, 14, 15]])[:len(lo)]
             assert block.covers(step, stream, lanes, [p + 40 for p in lo])
             assert torch.equal(block.take(step, stream, positions), rng.uniform(keys, step, stream, positions, lanes))
     for step in (11, 18):  # a run of positions from the same offset into every sample's part
@@ -23,7 +31,11 @@ def test_a_block_holds_each_steps_own_numbers_at_every_position_it_covers():
     assert not block.covers(19, rng.VERIFY, 2, lo) and not block.covers(10, rng.VERIFY, 2, lo)
     assert not block.covers(12, rng.VERIFY, 1, lo)  # lanes it does not hold
     assert not block.covers(12, rng.PATHS, 1, lo)  # nor another stream
-    assert not block.covers(12, rng.INIT, 1, [lo[0] + 40, lo[1] + 41, lo[2], lo[3]])  # past its width
+    assert not block.covers(12, rng.INIT, 1, [lo[0] + 41] + lo[1:])  # past its width
+    # a wider block of the same streams (the key tables kept by shape grow) from another step
+    wide = rng.UniformBlock(keys, 3, 8, lo, 1000, {rng.VERIFY: 2, rng.INIT: 1})
+    far = start + torch.tensor([0, 511, 512, 999])
+    assert torch.equal(wide.take(5, rng.VERIFY, far), rng.uniform(keys, 5, rng.VERIFY, far, 2))
 
 
 def test_the_numbers_are_uniform_on_24_bits_and_below_one():
@@ -75,3 +87,17 @@ def test_a_draw_at_the_largest_number_lands_on_a_token_with_mass():
     nothing = torch.zeros(1, V)
     assert int(rng.categorical(nothing, u_max, empty="past-end")) == V
     assert int(rng.categorical(nothing, u_max)) == V - 1
+
+
+def test_a_draw_from_sums_at_hand_is_the_draw_from_the_row():
+    """The extension draws from the last window row's sums, which the engine's draw made (a batch of one):
+    the same ids as ``categorical`` of the row, rows without mass and NaN rows included."""
+    g = torch.Generator().manual_seed(3)
+    u = rng.uniform(rng.seed_keys([4]), 0, rng.INIT, torch.arange(64).view(1, 64))
+    u[0, -1] = 1.0 - 2.0 ** -24
+    rows = [torch.rand(1, 50, generator=g) ** 8, torch.zeros(1, 50), torch.full((1, 50), 2.0 ** -140)]
+    nan = torch.rand(1, 50, generator=g)
+    nan[0, 7] = float("nan")
+    for row in rows + [nan]:
+        cdf = row.cumsum(-1)
+        assert torch.equal(rng.categorical_by_sums(cdf, float(cdf[0, -1]), u), rng.categorical(row, u))
