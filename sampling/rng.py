@@ -49,8 +49,7 @@ def _wrap(v: int) -> int:
     return (v + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
-_LANE_SHIFTS: dict = {}  # the two lanes' shifts, by device (UniformBlock)
-_BLOCK_TABLES: dict = {}  # UniformBlock's key words by (streams, steps, device)
+_BLOCK_TABLES: dict = {}  # UniformBlock's key words and lane shifts by (streams, steps, device)
 
 
 def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
@@ -66,8 +65,8 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
 
 def _mix_host(x: int) -> int:
     """:func:`_mix` of one word held as a Python int in ``[0, 2**64)``."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _WORD
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _WORD
+    x = ((x ^ (x >> 30)) * _MUL1) & _WORD
+    x = ((x ^ (x >> 27)) * _MUL2) & _WORD
     return x ^ (x >> 31)
 
 
@@ -124,15 +123,13 @@ class UniformBlock:
             by_step = [[_wrap((k * 4096 + stream) * _GAMMA) for k in range(steps)] for stream in lanes]
             at = torch.arange(max(width, 512), device=dev) * _GAMMA
             tables = _BLOCK_TABLES[(tuple(lanes), steps, dev)] = (
-                torch.tensor(by_step, device=dev).view(len(lanes), 1, steps, 1), at)
+                torch.tensor(by_step, device=dev).view(len(lanes), 1, steps, 1), at,
+                torch.tensor([40, 16], device=dev))  # (the two lanes' shifts)
         key = (tables[0] + keys.view(1, -1, 1, 1)).add_(_wrap(step0 * 4096 * _GAMMA))  # [S, B, K, 1]
         at = tables[1][:width]
         grid = (at + _wrap(lo[0] * _GAMMA) if len(lo) == 1  # [B or 1, 1, P]: position * gamma
                 else at + torch.tensor([_wrap(p * _GAMMA) for p in lo], device=dev).unsqueeze(1)).unsqueeze(-2)
-        h = _mix(key ^ grid)
-        shifts = _LANE_SHIFTS.get(dev)
-        if shifts is None:
-            shifts = _LANE_SHIFTS[dev] = torch.tensor([40, 16], device=dev)
+        h, shifts = _mix(key ^ grid), tables[2]
         # a lane: 24 bits of the hash (uniform's), exact in float32 and scaled there
         self.numbers = {s: ((h[i].unsqueeze(-1) >> shifts if n == 2 else h[i] >> 40) & 0xFFFFFF) * (1.0 / (1 << 24))
                         for i, (s, n) in enumerate(lanes.items())}  # [B, K, P(, n)]
