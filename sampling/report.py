@@ -78,6 +78,57 @@ def build_reports(st, config, timer, memory_mb: float, device, drafter: str = ""
     """Origins, counts and histograms, rebuilt from the step log."""
     B, T = st.batch, st.length
     device = st.seq.device
+    if B == 1 and st.fixed is None and not any(isinstance(v, torch.Tensor) for _, *entry in st.log for v in entry):
+        origins, nfe, hist, skipped, unverified = _counts_from_host_log(st)
+    else:
+        origins, nfe, hist, skipped, unverified = _counts_from_log(st)
+    stability = st.draft_stability()
+    kinds = "".join(k for k, *_ in st.log)
+    settings = config.to_dict()
+    return [
+        DecodeReport(
+            mode=config.mode, seed=st.seeds[b], tokens=T, nfe=nfe[b], tokens_per_forward=T / nfe[b],
+            mean_accepted_length=(T - unverified[b]) / nfe[b], accepted_length_histogram=hist[b],
+            skipped_verifications=skipped[b], unverified_tokens=unverified[b], draft_stability=stability[b],
+            origins=origins[b],
+            step_kinds=kinds, latency_s=timer.total, model_time_s=timer.model_total,
+            engine_time_s=timer.total - sum(timer.spent.values()), batch_size=B,
+            device=str(device), memory_mb=memory_mb, settings=settings,
+            drafter=drafter, drafter_time_s=timer.spent["drafter"], window_choice=window_choice,
+        )
+        for b in range(B)
+    ]
+
+
+def _counts_from_host_log(st):
+    """:func:`_counts_from_log` of a batch of one whose log holds host numbers (the host step,
+    ``engine._commit_on_host``): the same lists, counted in Python (a few tensor operations an entry
+    would cost a millisecond or more an image after the timer stops)."""
+    T = st.length
+    origin, hist = [PENDING] * T, [0] * (st.max_window + 2)
+    nfe = skipped = unverified = 0
+    for kind, before, after, flag, new in st.log:
+        if kind == "S":
+            origin[before:after] = [COMMITTED] * (after - before)
+            skipped += bool(flag)
+            unverified += after - before
+        else:
+            origin[before:after] = [ACCEPTED] * (after - before)
+            if before <= new < after:  # the drawn token (past the end when all stood)
+                origin[new] = RESAMPLED if flag else SAMPLED
+            if before < T:
+                nfe += 1
+                hist[min(after - before, len(hist) - 1)] += 1
+    if st.any_forced:
+        origin = [FORCED if f else o for o, f in zip(origin, st.forced_host())]
+    return [origin], [nfe], [hist], [skipped], [unverified]
+
+
+def _counts_from_log(st):
+    """Each sample's origins, forwards, accepted-length histogram, skipped verifications and unverified
+    tokens, from the step log (tensors, or host numbers made tensors)."""
+    B, T = st.batch, st.length
+    device = st.seq.device
     pos = torch.arange(T, device=device).unsqueeze(0)
     origin = torch.full((B, T), PENDING, dtype=torch.long, device=device)
     nfe = torch.zeros(B, dtype=torch.long, device=device)
@@ -105,24 +156,7 @@ def build_reports(st, config, timer, memory_mb: float, device, drafter: str = ""
     if st.fixed is not None:
         origin = torch.where(st.fixed[:, :T] >= 0, ROW_DRAWN, origin)
     origin = torch.where(st.forced_at[:T] >= 0, FORCED, origin)
-    origins, nfe, hist = origin.tolist(), nfe.tolist(), hist.tolist()
-    skipped, unverified = skipped.tolist(), unverified.tolist()
-    stability = st.draft_stability()
-    kinds = "".join(k for k, *_ in st.log)
-    settings = config.to_dict()
-    return [
-        DecodeReport(
-            mode=config.mode, seed=st.seeds[b], tokens=T, nfe=nfe[b], tokens_per_forward=T / nfe[b],
-            mean_accepted_length=(T - unverified[b]) / nfe[b], accepted_length_histogram=hist[b],
-            skipped_verifications=skipped[b], unverified_tokens=unverified[b], draft_stability=stability[b],
-            origins=origins[b],
-            step_kinds=kinds, latency_s=timer.total, model_time_s=timer.model_total,
-            engine_time_s=timer.total - sum(timer.spent.values()), batch_size=B,
-            device=str(device), memory_mb=memory_mb, settings=settings,
-            drafter=drafter, drafter_time_s=timer.spent["drafter"], window_choice=window_choice,
-        )
-        for b in range(B)
-    ]
+    return origin.tolist(), nfe.tolist(), hist.tolist(), skipped.tolist(), unverified.tolist()
 
 
 #: accept-map colours (RGB) per origin code
