@@ -108,12 +108,13 @@ def _counts_from_host_log(st):
     origin, hist = [PENDING] * T, [0] * (st.max_window + 2)
     nfe = skipped = unverified = 0
     for kind, before, after, flag, new in st.log:
+        span = max(min(after, T) - before, 0)  # (inside the stream: a slice given more items would grow the list)
         if kind == "S":
-            origin[before:after] = [COMMITTED] * (after - before)
+            origin[before:before + span] = [COMMITTED] * span
             skipped += bool(flag)
             unverified += after - before
         else:
-            origin[before:after] = [ACCEPTED] * (after - before)
+            origin[before:before + span] = [ACCEPTED] * span
             if before <= new < after:  # the drawn token (past the end when all stood)
                 origin[new] = RESAMPLED if flag else SAMPLED
             if before < T:

@@ -32,3 +32,12 @@ def test_a_host_number_log_counts_as_its_tensors():
         assert origins == [expect]
         assert (nfe, skipped, unverified) == ([4], [1], [2])  # the step past the end (12 -> 12) is no forward
         assert hist == [[0, 1, 1, 2]]  # lengths 1, 3, 2 and 4 (the last bin holds 3 and more)
+
+
+def test_an_entry_reaching_past_the_stream_counts_inside_it():
+    # (no step commits past the stream's end; were one to, the origins stay one a position)
+    log = [("P", 0, 1, False, 0), ("V", 1, 9, True, 8), ("S", 9, 15, True, None)]
+    as_tensors = [(k, *(None if v is None else torch.tensor([v]) for v in e)) for k, *e in log]
+    host = _counts_from_host_log(_state(log, []))
+    assert host == _counts_from_log(_state(as_tensors, []))
+    assert len(host[0][0]) == 12 and host[0][0][9:] == [COMMITTED] * 3
