@@ -115,7 +115,7 @@ def _counts_from_host_log(st):
             unverified += after - before
         else:
             origin[before:before + span] = [ACCEPTED] * span
-            if before <= new < after:  # the drawn token (past the end when all stood)
+            if before <= new < before + span:  # the drawn token (past the end when all stood)
                 origin[new] = RESAMPLED if flag else SAMPLED
             if before < T:
                 nfe += 1

@@ -36,8 +36,8 @@ def test_a_host_number_log_counts_as_its_tensors():
 
 def test_an_entry_reaching_past_the_stream_counts_inside_it():
     # (no step commits past the stream's end; were one to, the origins stay one a position)
-    log = [("P", 0, 1, False, 0), ("V", 1, 9, True, 8), ("S", 9, 15, True, None)]
+    log = [("P", 0, 1, False, 0), ("V", 1, 9, True, 8), ("S", 9, 10, True, None), ("V", 10, 15, False, 14)]
     as_tensors = [(k, *(None if v is None else torch.tensor([v]) for v in e)) for k, *e in log]
     host = _counts_from_host_log(_state(log, []))
     assert host == _counts_from_log(_state(as_tensors, []))
-    assert len(host[0][0]) == 12 and host[0][0][9:] == [COMMITTED] * 3
+    assert len(host[0][0]) == 12 and host[0][0][9:] == [COMMITTED, ACCEPTED, ACCEPTED]
