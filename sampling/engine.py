@@ -638,7 +638,7 @@ class SpeculativeDecoder:
             if coupled and not self.exact:  # the coupling keeps the exact ratio (below): the two at once
                 prob, exact_prob = self.rule.ratios(probs, q, x)
             else:
-                prob = exact_prob = self.rule.ratio(cut(probs), q, cut(x))
+                prob = self.rule.ratio(cut(probs), q, cut(x))  # (coupled under the exact rule: its test stays)
             test = cut(coin) < prob
         if scalar:  # the same rows stand, counted on the host
             passed = self._passed_on_host(st, test, tested, c0, st.host_committed[0] - c0 - 1) if tested else 0
