@@ -78,10 +78,7 @@ def build_reports(st, config, timer, memory_mb: float, device, drafter: str = ""
     """Origins, counts and histograms, rebuilt from the step log."""
     B, T = st.batch, st.length
     device = st.seq.device
-    if B == 1 and st.fixed is None and not any(isinstance(v, torch.Tensor) for _, *entry in st.log for v in entry):
-        origins, nfe, hist, skipped, unverified = _counts_from_host_log(st)
-    else:
-        origins, nfe, hist, skipped, unverified = _counts_from_log(st)
+    origins, nfe, hist, skipped, unverified = _counts(st)
     stability = st.draft_stability()
     kinds = "".join(k for k, *_ in st.log)
     settings = config.to_dict()
@@ -100,64 +97,50 @@ def build_reports(st, config, timer, memory_mb: float, device, drafter: str = ""
     ]
 
 
-def _counts_from_host_log(st):
-    """:func:`_counts_from_log` of a batch of one whose log holds host numbers (the host step,
-    ``engine._commit_on_host``): the same lists, counted in Python (a few tensor operations an entry
-    would cost a millisecond or more an image after the timer stops)."""
-    T = st.length
-    origin, hist = [PENDING] * T, [0] * (st.max_window + 2)
-    nfe = skipped = unverified = 0
-    for kind, before, after, flag, new in st.log:
-        span = max(min(after, T) - before, 0)  # (inside the stream: a slice given more items would grow the list)
-        if kind == "S":
-            origin[before:before + span] = [COMMITTED] * span
-            skipped += bool(flag)
-            unverified += after - before
-        else:
-            origin[before:before + span] = [ACCEPTED] * span
-            if before <= new < before + span:  # the drawn token (past the end when all stood)
-                origin[new] = RESAMPLED if flag else SAMPLED
-            if before < T:
-                nfe += 1
-                hist[min(after - before, len(hist) - 1)] += 1
-    if st.any_forced:
-        origin = [FORCED if f else o for o, f in zip(origin, st.forced_host())]
-    return [origin], [nfe], [hist], [skipped], [unverified]
-
-
-def _counts_from_log(st):
-    """Each sample's origins, forwards, accepted-length histogram, skipped verifications and unverified
-    tokens, from the step log (tensors, or host numbers made tensors)."""
+def _counts(st):
+    """Each image's origins, forwards, accepted-length histogram, skipped verifications and unverified
+    tokens, counted in Python from the step log (:func:`_host_log`: its tensors read at once; counting
+    on the device took a few operations an entry, 2-7 ms an image of 256 tokens)."""
     B, T = st.batch, st.length
-    device = st.seq.device
-    pos = torch.arange(T, device=device).unsqueeze(0)
-    origin = torch.full((B, T), PENDING, dtype=torch.long, device=device)
-    nfe = torch.zeros(B, dtype=torch.long, device=device)
-    skipped = torch.zeros_like(nfe)
-    unverified = torch.zeros_like(nfe)
-    hist = torch.zeros(B, st.max_window + 2, dtype=torch.long, device=device)
-    def tensor(v):  # (a batch of one on the host step logs host numbers: engine._commit_on_host)
-        return v if v is None or isinstance(v, torch.Tensor) else torch.tensor([v], device=device)
+    log = _host_log(st.log, B)
+    row_drawn = (st.fixed[:, :T] >= 0).tolist() if st.fixed is not None else None
+    forced = st.forced_host()[:T] if st.any_forced else None
+    counts = [], [], [], [], []
+    for b in range(B):
+        origin, hist = [PENDING] * T, [0] * (st.max_window + 2)
+        nfe = skipped = unverified = 0
+        for kind, before, after, flag, new in log:
+            before, after, flag = before[b], after[b], flag[b]
+            span = max(min(after, T) - before, 0)  # (inside the stream: a slice given more items would grow the list)
+            if kind == "S":
+                origin[before:before + span] = [COMMITTED] * span
+                skipped += bool(flag)
+                unverified += after - before
+            else:
+                origin[before:before + span] = [ACCEPTED] * span
+                if before <= new[b] < before + span:  # the drawn token (past the end when all stood)
+                    origin[new[b]] = RESAMPLED if flag else SAMPLED
+                if before < T:
+                    nfe += 1
+                    hist[min(after - before, len(hist) - 1)] += 1
+        if row_drawn is not None:
+            origin = [ROW_DRAWN if r else o for o, r in zip(origin, row_drawn[b])]
+        if forced is not None:
+            origin = [FORCED if f else o for o, f in zip(origin, forced)]
+        for out, value in zip(counts, (origin, nfe, hist, skipped, unverified)):
+            out.append(value)
+    return counts
 
-    for kind, *entry in st.log:
-        before, after, flag, new = map(tensor, entry)
-        span = (pos >= before.unsqueeze(1)) & (pos < after.unsqueeze(1))
-        if kind == "S":
-            code = torch.full_like(origin, COMMITTED)
-            skipped += flag
-            unverified += after - before
-        else:
-            last = pos == new.unsqueeze(1)  # the drawn token (past the end when all stood)
-            code = torch.where(last, torch.where(flag, RESAMPLED, SAMPLED).unsqueeze(1), ACCEPTED)
-            active = before < T
-            nfe += active
-            hist.scatter_add_(1, (after - before).clamp(max=hist.shape[1] - 1).unsqueeze(1),
-                              active.long().unsqueeze(1))
-        origin = torch.where(span, code, origin)
-    if st.fixed is not None:
-        origin = torch.where(st.fixed[:, :T] >= 0, ROW_DRAWN, origin)
-    origin = torch.where(st.forced_at[:T] >= 0, FORCED, origin)
-    return origin.tolist(), nfe.tolist(), hist.tolist(), skipped.tolist(), unverified.tolist()
+
+def _host_log(log: list[tuple], batch: int) -> list[tuple]:
+    """The step log with each value a host list of ``batch`` numbers (a skip's drawn token None): its
+    tensor entries stacked and read to the host in one go (a batch of one on the host step logs host
+    numbers already: engine._commit_on_host)."""
+    tensors = [v for _, *entry in log for v in entry if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack(tensors).tolist() if tensors else ())
+    def host(v):
+        return None if v is None else next(read) if isinstance(v, torch.Tensor) else [v] * batch
+    return [(kind, *map(host, entry)) for kind, *entry in log]
 
 
 #: accept-map colours (RGB) per origin code
