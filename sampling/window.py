@@ -4,17 +4,23 @@ A wider window commits more tokens per forward but costs more per forward; how
 much more depends on the device, the batch and the model.  On a GPU a forward
 reads the weights once whatever its width, so a window of 32 costs about what
 one token does; on a CPU a batch of 8 is compute-bound and every draft row costs
-its share.  So the decode finds out on its own steps (:class:`Trial`): it starts
-at the drafting's preset width, runs :data:`TRIAL` forwards there and as many at
-the narrow width :data:`NARROW`, and times them (the engine's work included;
-the median step, so a stall inflates one figure, not a width's).  A forward's
+its share.  So the decode finds out on its own steps (:class:`Trial`): it runs
+the drafting's preset width and the narrow width :data:`NARROW` by turns, step
+by step, :data:`TRIAL` forwards each, and times them (the engine's work
+included; the median step, so a stall inflates one figure, not a width's; by
+turns, so a busy stretch of the machine slows both widths alike).  A forward's
 cost is close to a line in the rows it scores (:class:`CostLine`: flat where
 the weights' reads dominate, steep where the arithmetic does), so the two give
 every :data:`CANDIDATES` width's cost; where the line predicts another width
-(or plain AR steps) fastest, that width runs :data:`TRIAL` forwards too.  The
-decode then keeps the fastest width it ran, the preset unless another commits
-:data:`GAIN` times its tokens per second in both halves of their steps taken
-apart (repeated agreement: one stretch of stalls cannot move it).
+(or plain AR steps) fastest, that width runs :data:`TRIAL` forwards too, by
+turns with the preset again.  The decode then keeps the fastest width it ran,
+the preset unless another commits :data:`GAIN` times its tokens per second in
+both halves of their steps taken apart, each weighed against the preset's steps
+taken by turns with it (repeated agreement: one stretch of stalls cannot move
+it).  An earlier trial ran each width's steps in one block: in a demo started
+while the machine was still busy, the preset's block took 21.5 ms a forward
+against some 8 ms in a quiet moment, and the width the next block measured
+quietly was kept for the session.
 
 Tokens per forward at a width are modelled as ``1 + e * (L / L0) ** SHAPE``: the
 tokens past the one every forward commits grow as a power of the width (Jacobi
@@ -142,19 +148,23 @@ class CostLine(NamedTuple):
 
 
 class Trial:
-    """Widths tried in the decode itself, :data:`TRIAL` forwards each: the preset, :data:`NARROW`,
-    and the width their :class:`CostLine` predicts fastest when that is neither; then the width
-    kept for the rest of it (the module docstring)."""
+    """Widths tried in the decode itself, by turns with the preset, :data:`TRIAL` forwards each:
+    :data:`NARROW`, then the width their :class:`CostLine` predicts fastest when that is neither; then
+    the width kept for the rest of it (the module docstring)."""
 
     def __init__(self, preset: int, prior: Acceptance, batch: int, forwards: int = TRIAL, narrow: int = NARROW):
         self.preset, self.prior, self.batch, self.forwards = preset, prior, batch, forwards
-        self.order = [preset] + ([narrow] if narrow != preset else [])
         self.width = preset
         self.steps: dict[int, list[float]] = {preset: []}  # seconds of each forward step, by width
         self.other: dict[int, float] = {preset: 0.0}  # seconds of steps without a forward (VVS's skips)
         self.tokens: dict[int, float] = {preset: 0.0}  # tokens the mean image committed
+        # the preset's steps taken by turns with each other width: what that width is weighed against
+        self.beside: dict[int, list[float]] = {}
+        self.partner: int | None = None  # the width taking turns with the preset now
         self.predicted = ""
         self.kept: int | None = None
+        if narrow != preset:
+            self._pair(narrow)
 
     @property
     def open(self) -> bool:
@@ -169,37 +179,44 @@ class Trial:
 
     def record(self, seconds: float, forward: bool, tokens: float) -> int | None:
         """One step at :attr:`width` (``tokens``: what the mean image committed); the width to run
-        from the next step on where it changes, else ``None``."""
-        w = self.width
-        if forward:
-            self.steps[w].append(seconds)
-        else:
-            self.other[w] += seconds
+        from the next step on where it changes, else ``None``.  A step without a forward commits
+        what the forward before it planned: the width changes only after a forward."""
+        w, partner = self.width, self.partner
         self.tokens[w] += tokens
-        if len(self.steps[w]) < self.forwards:
+        if not forward:
+            self.other[w] += seconds
             return None
-        if len(self.steps) < len(self.order):  # the next width of the plan
-            return self._run(self.order[len(self.steps)])
-        if len(self.steps) == 2 and len(self.order) == 2:  # the line through both: a third width where it says so
+        self.steps[w].append(seconds)
+        if w == self.preset and partner is not None:
+            self.beside[partner].append(seconds)
+        if partner is not None and min(len(self.steps[partner]), len(self.beside[partner])) < self.forwards:
+            return self._run(self.preset if w == partner else partner)  # by turns
+        if partner is None and len(self.steps[w]) < self.forwards:
+            return None
+        if partner is not None and len(self.beside) == 1:  # the line through both: a third width where it says so
             best = self._predict()
             if best not in self.steps:
-                self.order.append(best)
+                self._pair(best)
                 return self._run(best)
         self.kept = self._decide()
-        self.width, changed = self.kept, self.kept != w
-        return self.kept if changed else None
+        self.width = self.kept
+        return self.kept if self.kept != w else None
+
+    def _pair(self, width: int) -> None:
+        self.partner = width
+        self.steps[width], self.other[width], self.tokens[width], self.beside[width] = [], 0.0, 0.0, []
 
     def _run(self, width: int) -> int:
         self.width = width
-        self.steps[width], self.other[width], self.tokens[width] = [], 0.0, 0.0
         return width
 
-    def cost(self, width: int, half: int | None = None) -> float:
+    def cost(self, width: int, half: int | None = None, steps: list[float] | None = None) -> float:
         """Seconds per forward step at ``width`` as run (``half`` 0 / 1: of the first / second half of
-        its steps), steps without a forward spread over the forwards."""
-        steps = self.steps[width]
+        its steps; ``steps``: those of them to read, by default all), steps without a forward spread over
+        the forwards."""
+        steps = self.steps[width] if steps is None else steps
         part = steps if half is None else steps[: len(steps) // 2] if half == 0 else steps[len(steps) // 2:]
-        return median(part) + self.other[width] / len(steps)
+        return median(part) + self.other[width] / len(self.steps[width])
 
     def _predict(self) -> int:
         line = CostLine.through({w: self.cost(w) for w in self.steps})
@@ -210,24 +227,28 @@ class Trial:
         return best
 
     def _decide(self) -> int:
-        def rate(w, half):
-            return per_forward(w, self.prior, self.batch) / self.cost(w, half)
+        """The fastest width that beat the preset's steps taken by turns with it, in both halves."""
+        def gain(w, half):
+            preset = self.cost(self.preset, half, self.beside[w])
+            return (per_forward(w, self.prior, self.batch) / self.cost(w, half)) / (
+                per_forward(self.preset, self.prior, self.batch) / preset)
 
-        faster = [w for w in self.steps if w != self.preset
-                  and all(rate(w, h) >= GAIN * rate(self.preset, h) for h in (0, 1))]
-        return max(faster, key=lambda w: rate(w, None)) if faster else self.preset
+        faster = [w for w in self.beside if all(gain(w, h) >= GAIN for h in (0, 1))]
+        return max(faster, key=lambda w: gain(w, None)) if faster else self.preset
 
     def _story(self) -> str:
         seen = "; ".join(f"window {w}: {1000 * self.cost(w):.2f} ms and {self.tokens[w] / len(s):.2f} tokens per "
                          f"forward" for w, s in self.steps.items())
         kept = self.kept
         ar = "plain AR steps, " if kept == 0 else ""
-        rate = {w: per_forward(w, self.prior, self.batch) / self.cost(w) for w in self.steps}
         if kept == self.preset:
             why = f"the preset, as no width ran {GAIN:.2f}x faster than it in both halves of their steps"
         else:
+            rate = {w: per_forward(w, self.prior, self.batch) / self.cost(w, None, s)
+                    for w, s in ((kept, self.steps[kept]), (self.preset, self.beside[kept]))}
             why = (f"{rate[kept] / rate[self.preset]:.2f}x the tokens per second of window {self.preset} "
                    f"({GAIN:.2f}x or more in both halves of their steps)")
         predicted = f"; {self.predicted}" if self.predicted else ""
-        return (f"window {kept} on auto: {ar}tried in this decode, {self.forwards} forwards each ({seen}{predicted}): "
-                f"kept {kept}, {why}")
+        turns = f" by turns with window {self.preset}" if self.beside else ""
+        return (f"window {kept} on auto: {ar}tried in this decode{turns}, {self.forwards} forwards each ({seen}"
+                f"{predicted}): kept {kept}, {why}")
