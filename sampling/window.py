@@ -226,15 +226,17 @@ class Trial:
                           f"predicted window {best} fastest")
         return best
 
-    def _decide(self) -> int:
-        """The fastest width that beat the preset's steps taken by turns with it, in both halves."""
-        def gain(w, half):
-            preset = self.cost(self.preset, half, self.beside[w])
-            return (per_forward(w, self.prior, self.batch) / self.cost(w, half)) / (
-                per_forward(self.preset, self.prior, self.batch) / preset)
+    def _gain(self, width: int, half: int | None = None) -> float:
+        """Tokens per second at ``width`` over the preset's, its steps against the preset's taken by turns
+        with them."""
+        def rate(w, steps):
+            return per_forward(w, self.prior, self.batch) / self.cost(w, half, steps)
+        return rate(width, self.steps[width]) / rate(self.preset, self.beside[width])
 
-        faster = [w for w in self.beside if all(gain(w, h) >= GAIN for h in (0, 1))]
-        return max(faster, key=lambda w: gain(w, None)) if faster else self.preset
+    def _decide(self) -> int:
+        """The fastest width that beat the preset's steps beside it by :data:`GAIN`, in both halves."""
+        faster = [w for w in self.beside if all(self._gain(w, h) >= GAIN for h in (0, 1))]
+        return max(faster, key=self._gain) if faster else self.preset
 
     def _story(self) -> str:
         seen = "; ".join(f"window {w}: {1000 * self.cost(w):.2f} ms and {self.tokens[w] / len(s):.2f} tokens per "
@@ -244,9 +246,7 @@ class Trial:
         if kept == self.preset:
             why = f"the preset, as no width ran {GAIN:.2f}x faster than it in both halves of their steps"
         else:
-            rate = {w: per_forward(w, self.prior, self.batch) / self.cost(w, None, s)
-                    for w, s in ((kept, self.steps[kept]), (self.preset, self.beside[kept]))}
-            why = (f"{rate[kept] / rate[self.preset]:.2f}x the tokens per second of window {self.preset} "
+            why = (f"{self._gain(kept):.2f}x the tokens per second of window {self.preset} "
                    f"({GAIN:.2f}x or more in both halves of their steps)")
         predicted = f"; {self.predicted}" if self.predicted else ""
         turns = f" by turns with window {self.preset}" if self.beside else ""
