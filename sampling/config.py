@@ -148,7 +148,8 @@ class DecodeConfig:
         None, symbol="L", label="window", uses=("jacobi",), lo=1, hi=256, step=1, optional=True,
         unset="auto: the width that commits the most tokens per second on this device: 24 with coupled drafts "
               "and 16 without (SJD's), unless the first decode at a batch size, timing its own steps at that "
-              "width, at 2 and at the width their costs predict (or plain AR steps), finds one 5 % faster; the "
+              "width by turns with 2 and with the width their costs predict (or plain AR steps), finds one 5 % "
+              "faster; the "
               "width kept holds for the session (VVS and trees beside the window keep the preset)",
         help="draft tokens scored per forward (SJD's independent drafts gain little past 16; coupled ones keep "
              "gaining to 32, which costs about 11 % more engine time per forward than SJD's window against 4 % at "
