@@ -1,6 +1,6 @@
 """The window on auto against the widths set by hand, quiet and beside a CPU-bound process.
 
-    spec-ar bench auto-window [--batches 1 8] [--runs 10] [--neighbours 0 1] [--out DIR]
+    spec-ar bench auto-window [--batches 1 8] [--runs 10] [--neighbours 0 1] [--busy-start S] [--out DIR]
 
 Each run decodes the embedded model's first ``batch`` prompts once per setting, the
 settings taking turns: ``ar``, ``sjd`` with the window on auto, and ``sjd`` at each
@@ -11,7 +11,10 @@ with N processes beside it that keep a core busy each (a loop of Python arithmet
 the busy machine on which one probe once chose plain AR steps that ran 6x slower than
 window 24.  Prints, per condition and batch, the median latency of each setting, its
 ratio to ``ar`` and to window 24, and how often auto chose each width; writes
-``results.json`` and ``report.md`` to ``--out``.
+``results.json`` and ``report.md`` to ``--out``.  ``--busy-start S`` adds a condition in which every
+decode starts while two processes keep both cores busy for its first ``S`` seconds, then stop (a
+machine still finishing another job as a render starts: the stretch a trial run in blocks of one
+width took for that width's cost).
 """
 from __future__ import annotations
 
@@ -43,7 +46,28 @@ def neighbours(n: int):
             p.wait()
 
 
-def run(batches, runs, counts, widths, log=print) -> dict:
+#: a busy start's work: Python arithmetic for the seconds given, counted from its own start
+BUSY_FOR = ("import sys, time\nend = time.perf_counter() + float(sys.argv[1])\n"
+            "while time.perf_counter() < end:\n    sum(i * i for i in range(1000))\n")
+#: processes a busy start runs (both cores of the development machine), and the time they take to start
+BUSY_START_PROCESSES, BUSY_START_DELAY = 2, 0.06
+
+
+@contextlib.contextmanager
+def busy_start(seconds: float):
+    """The block starts while :data:`BUSY_START_PROCESSES` processes keep a core busy each, for its first
+    ``seconds``; they are gone when it ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY_FOR, str(seconds + BUSY_START_DELAY)])
+             for _ in range(BUSY_START_PROCESSES)]
+    try:
+        time.sleep(BUSY_START_DELAY)  # (their interpreters start)
+        yield procs
+    finally:
+        for p in procs:
+            p.wait()
+
+
+def run(batches, runs, counts, widths, log=print, busy_seconds: float = 0.0) -> dict:
     from ..embedded_tools.demo import PROMPTS
     from ..loaders import embedded
     from ..prompt_files import read_prompts
@@ -55,9 +79,12 @@ def run(batches, runs, counts, widths, log=print) -> dict:
     settings.update({f"sjd L={w}": DecodeConfig(mode="sjd", window=w) for w in widths})
     decoders = {name: SpeculativeDecoder(model.adapter, c) for name, c in settings.items()}
     out = {"runs": runs, "widths": list(widths), "conditions": {}}
-    for n in counts:
-        label = "quiet" if n == 0 else f"{n} busy neighbour{'s' * (n > 1)}"
+    conditions = [(n, 0.0) for n in counts] + ([(0, busy_seconds)] if busy_seconds else [])
+    for n, seconds in conditions:
+        label = (f"busy for {seconds:g} s at each decode's start" if seconds else
+                 "quiet" if n == 0 else f"{n} busy neighbour{'s' * (n > 1)}")
         condition = out["conditions"][label] = {}
+        start = (lambda: busy_start(seconds)) if seconds else contextlib.nullcontext
         with neighbours(n):
             for batch in batches:
                 batch_prompts = (prompts * batch)[:batch]
@@ -68,7 +95,8 @@ def run(batches, runs, counts, widths, log=print) -> dict:
                     for name, d in decoders.items():
                         if name == "sjd auto":
                             model.adapter.__dict__.pop("window_profile", None)  # a fresh process: probe anew
-                        rep = d.generate(batch_prompts, seeds=100 * r).reports[0]
+                        with start():
+                            rep = d.generate(batch_prompts, seeds=100 * r).reports[0]
                         rows[name].append({"latency_s": rep.latency_s, "nfe": rep.nfe, "window": rep.settings["window"],
                                            "window_choice": rep.window_choice})
                 condition[batch] = dict(rows)
@@ -98,12 +126,14 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--neighbours", type=int, nargs="+", default=[0, 1],
                     help="CPU-bound processes beside the bench, one condition each (0: quiet)")
+    ap.add_argument("--busy-start", type=float, default=0.0, metavar="S",
+                    help="add a condition: every decode starts with both cores busy for its first S seconds")
     ap.add_argument("--widths", type=int, nargs="*", default=[24], help="windows set by hand beside auto")
     ap.add_argument("--out", default="out/bench-auto-window")
     args = ap.parse_args(argv)
-    if args.runs < 1 or min(args.batches) < 1 or min(args.neighbours) < 0:
-        ap.error("--runs and --batches must be >= 1, --neighbours >= 0")
-    res = run(args.batches, args.runs, args.neighbours, args.widths)
+    if args.runs < 1 or min(args.batches) < 1 or min(args.neighbours) < 0 or not 0 <= args.busy_start <= 60:
+        ap.error("--runs and --batches must be >= 1, --neighbours >= 0, --busy-start from 0 to 60 seconds")
+    res = run(args.batches, args.runs, args.neighbours, args.widths, busy_seconds=args.busy_start)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=1))

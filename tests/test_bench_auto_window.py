@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from spec_ar.bench import auto_window
 
 
@@ -49,3 +51,26 @@ def test_the_bench_times_every_setting_in_turn_and_writes_its_report(tmp_path, c
         assert "kept from this session" not in " ".join(r["window_choice"] for r in rows["sjd auto"])  # probed anew
     report = (tmp_path / "report.md").read_text()
     assert "| sjd auto |" in report and "1 busy neighbour, batch 1" in report
+
+
+def test_a_busy_start_keeps_the_cores_busy_for_its_first_seconds_only():
+    import time
+
+    with auto_window.busy_start(0.4) as procs:
+        assert len(procs) == auto_window.BUSY_START_PROCESSES and all(p.poll() is None for p in procs)
+    assert all(p.returncode == 0 for p in procs)  # the block waited for them: the next decode starts quiet
+    with auto_window.busy_start(0.05) as procs:
+        time.sleep(2.0)
+        assert all(p.poll() == 0 for p in procs)  # done on their own while the block went on
+
+
+def test_the_busy_start_condition_and_its_bad_values(tmp_path):
+    assert auto_window.main(["--batches", "1", "--runs", "1", "--neighbours", "0", "--busy-start", "0.1",
+                             "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert set(res["conditions"]) == {"quiet", "busy for 0.1 s at each decode's start"}
+    assert set(res["conditions"]["busy for 0.1 s at each decode's start"]["1"]) == {"ar", "sjd auto", "sjd L=24"}
+    for bad in ("-1", "nan", "61"):
+        with pytest.raises(SystemExit) as exc:
+            auto_window.main(["--busy-start", bad, "--out", str(tmp_path)])
+        assert exc.value.code == 2
