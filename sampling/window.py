@@ -17,10 +17,10 @@ turns with the preset again.  The decode then keeps the fastest width it ran,
 the preset unless another commits :data:`GAIN` times its tokens per second in
 both halves of their steps taken apart, each weighed against the preset's steps
 taken by turns with it (repeated agreement: one stretch of stalls cannot move
-it).  An earlier trial ran each width's steps in one block: in a demo started
-while the machine was still busy, the preset's block took 21.5 ms a forward
-against some 8 ms in a quiet moment, and the width the next block measured
-quietly was kept for the session.
+it).  An earlier trial ran each width's steps in one block, so a busy stretch
+could cover the preset's block alone: at batch 1 with both cores busy for a
+decode's first 0.25 s it kept 24 in 3 of 8 fresh trials, by turns 8 of 8
+(``spec-ar bench auto-window --busy-start 0.25``, docs/benchmarks.md).
 
 Tokens per forward at a width are modelled as ``1 + e * (L / L0) ** SHAPE``: the
 tokens past the one every forward commits grow as a power of the width (Jacobi
@@ -158,9 +158,9 @@ class Trial:
         self.steps: dict[int, list[float]] = {preset: []}  # seconds of each forward step, by width
         self.other: dict[int, float] = {preset: 0.0}  # seconds of steps without a forward (VVS's skips)
         self.tokens: dict[int, float] = {preset: 0.0}  # tokens the mean image committed
-        # the preset's steps taken by turns with each other width: what that width is weighed against
+        # the preset's steps taken by turns with each other width (the last one: taking turns now), what that
+        # width is weighed against
         self.beside: dict[int, list[float]] = {}
-        self.partner: int | None = None  # the width taking turns with the preset now
         self.predicted = ""
         self.kept: int | None = None
         if narrow != preset:
@@ -181,7 +181,7 @@ class Trial:
         """One step at :attr:`width` (``tokens``: what the mean image committed); the width to run
         from the next step on where it changes, else ``None``.  A step without a forward commits
         what the forward before it planned: the width changes only after a forward."""
-        w, partner = self.width, self.partner
+        w, partner = self.width, next(reversed(self.beside), None)
         self.tokens[w] += tokens
         if not forward:
             self.other[w] += seconds
@@ -203,7 +203,6 @@ class Trial:
         return self.kept if self.kept != w else None
 
     def _pair(self, width: int) -> None:
-        self.partner = width
         self.steps[width], self.other[width], self.tokens[width], self.beside[width] = [], 0.0, 0.0, []
 
     def _run(self, width: int) -> int:
