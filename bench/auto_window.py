@@ -29,14 +29,22 @@ import subprocess
 import sys
 import time
 
-#: a neighbour's work: Python arithmetic until its parent is gone (a bench killed midway leaves none behind)
-BUSY = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    sum(i * i for i in range(10000))\n"
+#: a busy process's work: Python arithmetic until its parent is gone (a bench killed midway leaves none behind)
+#: or its seconds, counted from its own start, are over (``inf``: a neighbour, killed when its block ends)
+BUSY = ("import os, sys, time\nend = time.perf_counter() + float(sys.argv[2])\n"
+        "while os.getppid() == int(sys.argv[1]) and time.perf_counter() < end:\n    sum(i * i for i in range(1000))\n")
+#: processes a busy start runs (both cores of the development machine), and the time they take to start
+BUSY_START_PROCESSES, BUSY_START_DELAY = 2, 0.06
+
+
+def _busy(n: int, seconds: float = float("inf")) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", BUSY, str(os.getpid()), str(seconds)]) for _ in range(n)]
 
 
 @contextlib.contextmanager
 def neighbours(n: int):
     """``n`` CPU-bound processes for the block's duration."""
-    procs = [subprocess.Popen([sys.executable, "-c", BUSY, str(os.getpid())]) for _ in range(n)]
+    procs = _busy(n)
     try:
         time.sleep(0.5 if n else 0)  # let them reach the cores
         yield procs
@@ -46,19 +54,11 @@ def neighbours(n: int):
             p.wait()
 
 
-#: a busy start's work: Python arithmetic for the seconds given, counted from its own start
-BUSY_FOR = ("import sys, time\nend = time.perf_counter() + float(sys.argv[1])\n"
-            "while time.perf_counter() < end:\n    sum(i * i for i in range(1000))\n")
-#: processes a busy start runs (both cores of the development machine), and the time they take to start
-BUSY_START_PROCESSES, BUSY_START_DELAY = 2, 0.06
-
-
 @contextlib.contextmanager
 def busy_start(seconds: float):
     """The block starts while :data:`BUSY_START_PROCESSES` processes keep a core busy each, for its first
     ``seconds``; they are gone when it ends."""
-    procs = [subprocess.Popen([sys.executable, "-c", BUSY_FOR, str(seconds + BUSY_START_DELAY)])
-             for _ in range(BUSY_START_PROCESSES)]
+    procs = _busy(BUSY_START_PROCESSES, seconds + BUSY_START_DELAY)
     try:
         time.sleep(BUSY_START_DELAY)  # (their interpreters start)
         yield procs

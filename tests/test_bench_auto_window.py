@@ -23,7 +23,7 @@ def test_a_neighbour_whose_bench_is_gone_stops(tmp_path):
 
     # the bench's process starts a neighbour and dies without its cleanup (killed): the neighbour follows
     bench = subprocess.Popen([sys.executable, "-c", f"import os, subprocess, sys, time\n"
-                              f"p = subprocess.Popen([sys.executable, '-c', {auto_window.BUSY!r}, str(os.getpid())])\n"
+                              f"p = subprocess.Popen([sys.executable, '-c', {auto_window.BUSY!r}, str(os.getpid()), 'inf'])\n"
                               f"print(p.pid, flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
     pid = int(bench.stdout.readline())
     bench.kill()
